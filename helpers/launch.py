@@ -1,0 +1,301 @@
+"""Start distributed workers, and run the scripts that start them.
+
+Two ways in, one script:
+
+* ``python script.py --world-size N`` calls :func:`launch`, which spawns N
+  worker processes on this machine, each running ``fn(worker, *args)``.
+* ``torchrun --nproc-per-node N script.py`` starts the processes itself;
+  :func:`launch` sees ``RANK``/``WORLD_SIZE`` and runs ``fn`` once, as that rank.
+
+A notebook never spawns workers itself: it writes a script with ``%%writefile``
+and starts it with :func:`run_script`, which owns the whole process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class WorkerError(RuntimeError):
+    """A worker raised or died; the message starts with its rank."""
+
+
+class ScriptError(RuntimeError):
+    """A script started by :func:`run_script` failed; the message holds its traceback."""
+
+
+class ScriptTimeout(ScriptError):
+    """A script started by :func:`run_script` ran past its time limit and was killed."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """What one worker process knows about its place in the run.
+
+    ``init_method`` is for ``dist.init_process_group``; ``rpc_init_method`` is a
+    separate rendezvous for ``rpc.init_rpc`` so that a script may use both.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    init_method: str
+    rpc_init_method: str
+
+    def rpc_options(self, **kwargs) -> "torch.distributed.rpc.TensorPipeRpcBackendOptions":
+        """TensorPipe options that rendezvous at ``rpc_init_method``; kwargs go to the options."""
+        from torch.distributed import rpc
+
+        return rpc.TensorPipeRpcBackendOptions(init_method=self.rpc_init_method, **kwargs)
+
+
+def log(rank: int, *parts) -> None:
+    """Print ``[rank N] parts...`` as one write, so lines of concurrent ranks never interleave."""
+    sys.stdout.write(f"[rank {rank}] " + " ".join(map(str, parts)) + "\n")
+    sys.stdout.flush()
+
+
+def under_torchrun() -> bool:
+    """True when this process was started by torchrun (or another launcher that sets RANK)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def pick_backend(backend: str = "auto", ranks_per_machine: int = 1) -> tuple[str, str]:
+    """Resolve ``backend`` to ``(backend, device_type)``: NCCL + CUDA if every rank gets a GPU, else gloo + CPU.
+
+    Raises ValueError for an unknown backend or NCCL without enough GPUs.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl_ok = dist.is_nccl_available() and gpus >= ranks_per_machine
+    if backend == "nccl" and not nccl_ok:
+        raise ValueError(
+            f"backend 'nccl' needs one GPU per rank: {ranks_per_machine} ranks, {gpus} GPUs here; "
+            "use --backend gloo or auto"
+        )
+    if backend == "auto":
+        backend = "nccl" if nccl_ok else "gloo"
+    return backend, ("cuda" if backend == "nccl" else "cpu")
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", threads: int | None = 1) -> None:
+    """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
+
+    Started by torchrun, this process is one rank and ``fn`` runs here once.
+    Otherwise ``world_size`` processes are spawned on this machine, meeting
+    through files in a fresh temporary folder (no TCP store, so nothing listens
+    on a non-loopback address; GLOO/TP_SOCKET_IFNAME are set to ``lo`` unless
+    the user set ``MASTER_ADDR`` to another address). ``threads`` limits each
+    worker's intra-op threads (``None`` keeps PyTorch's default).
+
+    Bad arguments raise ValueError before anything is spawned; a worker that
+    raises ends the run at once with :class:`WorkerError` carrying its traceback.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world size must be an integer >= 1, got {world_size!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
+    if under_torchrun():
+        _run_as_torchrun_rank(fn, world_size, args, backend, threads)
+        return
+    _check_spawnable(fn)
+    backend, device_type = pick_backend(backend, world_size)
+
+    folder = tempfile.mkdtemp(prefix="course-rendezvous-")
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if addr in LOOPBACK:
+        init, rpc_init = f"file://{folder}/pg", f"file://{folder}/rpc"
+    else:  # the user chose an address: meet there over TCP
+        init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
+    plan = dict(world_size=world_size, backend=backend, device_type=device_type,
+                init_method=init, rpc_init_method=rpc_init, addr=addr)
+    import torch.multiprocessing as mp
+
+    try:
+        mp.start_processes(_spawned, args=(fn, args, plan, threads), nprocs=world_size,
+                           start_method="spawn")
+    except mp.ProcessRaisedException as e:
+        raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}") from None
+    except mp.ProcessExitedException as e:
+        raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}") from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_spawnable(fn) -> None:
+    """Refuse, in one line, a function that spawned processes could not import."""
+    module = sys.modules.get(getattr(fn, "__module__", None))
+    if "<locals>" in getattr(fn, "__qualname__", "<locals>") or module is None:
+        raise ValueError(f"{fn!r} must be a function defined at the top level of a module")
+    if fn.__module__ == "__main__" and not getattr(module, "__file__", None):
+        raise ValueError(
+            f"{fn.__name__} is defined in a notebook or REPL, which spawned workers cannot import: "
+            "write it to a script with %%writefile and start that with run_script"
+        )
+
+
+def _limit_threads(threads: int | None) -> None:
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for processes this worker starts
+        torch.set_num_threads(threads)
+
+
+def _spawned(rank, fn, args, plan, threads) -> None:
+    """Entry point of each spawned worker: set up its environment, then call ``fn``."""
+    _limit_threads(threads)
+    if plan["addr"] in LOOPBACK:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
+    os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(plan["world_size"]))
+    device = torch.device(plan["device_type"], rank) if plan["device_type"] == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    fn(Worker(rank, plan["world_size"], rank, plan["backend"], device,
+              plan["init_method"], plan["rpc_init_method"]), *args)
+
+
+def _run_as_torchrun_rank(fn, world_size, args, backend, threads) -> None:
+    started = int(os.environ["WORLD_SIZE"])
+    if world_size != started:
+        raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
+    _limit_threads(threads)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", started))
+    backend, device_type = pick_backend(backend, per_machine)
+    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    fn(Worker(int(os.environ["RANK"]), started, local_rank, backend, device, "env://", "env://"), *args)
+
+
+# --- running a script from a notebook ------------------------------------------------
+
+
+@dataclasses.dataclass
+class ScriptRun:
+    """What :func:`run_script` returns: the script's whole output and its wall time in seconds."""
+
+    output: str
+    seconds: float
+
+
+def run_script(script, *args, timeout: float = 600, env: dict | None = None,
+               cwd=None, echo: bool = True, command: list | None = None) -> ScriptRun:
+    """Run ``python script *args`` in its own process group and stream its output live.
+
+    ``command`` replaces the interpreter (e.g. ``["torchrun", "--nproc-per-node", "2"]``).
+    On a non-zero exit, a timeout (``timeout`` seconds) or an interrupt the whole
+    group (the script and every worker it started) is killed and
+    :class:`ScriptError` / :class:`ScriptTimeout` / ``KeyboardInterrupt`` is
+    raised; the error's first line says what failed, then comes the failing
+    rank's traceback. No process of the group outlives this call.
+    """
+    path = Path(cwd or ".", script)
+    if not path.is_file():
+        raise FileNotFoundError(f"no script at {path}: run the cell that writes it first")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    argv = [*(command or [sys.executable, "-u"]), str(script), *map(str, args)]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, text=True, bufsize=1, errors="replace")
+    lines: list[str] = []
+    pipe: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, pipe), daemon=True).start()
+    try:
+        while True:
+            left = timeout - (time.perf_counter() - start)
+            if left <= 0:
+                raise ScriptTimeout(f"{path.name} did not finish within {timeout:g} s and was killed:\n"
+                                    + "".join(lines[-20:]))
+            try:
+                line = pipe.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            lines.append(line)
+            if echo:
+                print(line, end="", flush=True)
+        code = proc.wait()
+    finally:
+        kill_group(proc)
+    output = "".join(lines)
+    if code != 0:
+        raise ScriptError(_failure_message(path.name, code, output))
+    return ScriptRun(output, time.perf_counter() - start)
+
+
+def _pump(stream, pipe: queue.Queue) -> None:
+    for line in stream:
+        pipe.put(line)
+    pipe.put(None)
+
+
+def kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """End every process in ``proc``'s process group: SIGTERM, then SIGKILL after ``grace`` s."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.05)
+        if not _group_alive(proc):
+            break
+    proc.wait()
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """True while a process of the group still runs (zombies waiting to be reaped do not count)."""
+    proc.poll()
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def _failure_message(name: str, code: int, output: str) -> str:
+    out = output.rstrip().splitlines()
+    last = out[-1].strip() if out else "(no output)"
+    head = f"{name} failed with exit code {code}: {last}"
+    for marker in ("raised:", "Traceback (most recent call last):"):
+        starts = [i for i, line in enumerate(out) if line.rstrip().endswith(marker)]
+        if starts:
+            return head + "\n" + "\n".join(out[starts[-1]:][-60:])
+    return head

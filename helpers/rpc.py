@@ -1,0 +1,39 @@
+"""Call methods on objects that RRefs point to, wherever they live.
+
+An RRef names an object owned by one worker. These functions run a method on
+that object, on its owner, from any worker:
+
+    remote_method(Agent.select_action, agent_rref, observer_id, state)   # waits
+    remote_method_async(Agent.select_action, agent_rref, ...)            # a Future
+"""
+
+from __future__ import annotations
+
+from torch.distributed import rpc
+
+
+def call_method(method, rref, *args, **kwargs):
+    """Run ``method(obj, *args, **kwargs)`` on the object that ``rref`` owns here; return its result."""
+    return method(rref.local_value(), *args, **kwargs)
+
+
+def remote_method(method, rref, *args, **kwargs):
+    """Run ``method`` on the object behind ``rref`` on its owner and wait for the result."""
+    return rpc.rpc_sync(rref.owner(), call_method, args=(method, rref, *args), kwargs=kwargs)
+
+
+def remote_method_async(method, rref, *args, **kwargs) -> "torch.futures.Future":
+    """Like :func:`remote_method` but return at once with a Future of the result."""
+    return rpc.rpc_async(rref.owner(), call_method, args=(method, rref, *args), kwargs=kwargs)
+
+
+def parameter_rrefs(module) -> list:
+    """RRefs to every parameter of ``module``, for ``DistributedOptimizer``.
+
+    ``module`` is an ``nn.Module`` here or an RRef to one anywhere; in the second
+    case the RRefs are made on the module's owner, so they point to its parameters.
+    Returns a list with one ``RRef[Parameter]`` per parameter, in ``parameters()`` order.
+    """
+    if isinstance(module, rpc.RRef):
+        return remote_method(parameter_rrefs, module)
+    return [rpc.RRef(p) for p in module.parameters()]
