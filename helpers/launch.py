@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -170,6 +171,8 @@ def _limit_threads(threads: int | None) -> None:
 
 def _spawned(rank, fn, args, plan, threads) -> None:
     """Entry point of each spawned worker: set up its environment, then call ``fn``."""
+    # rpc.init_rpc trips this deprecation inside PyTorch itself; it says nothing about the learner's code.
+    warnings.filterwarnings("ignore", message="You are using a Backend .* as a ProcessGroup")
     _limit_threads(threads)
     if plan["addr"] in LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -204,7 +207,7 @@ def _run_as_torchrun_rank(fn, world_size, args, backend, threads) -> None:
 class ScriptRun:
     """What :func:`run_script` returns: the script's whole output and its wall time in seconds."""
 
-    output: str
+    output: str = dataclasses.field(repr=False)
     seconds: float
 
 

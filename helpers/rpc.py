@@ -9,6 +9,8 @@ that object, on its owner, from any worker:
 
 from __future__ import annotations
 
+import torch
+from torch import nn
 from torch.distributed import rpc
 
 
@@ -22,7 +24,7 @@ def remote_method(method, rref, *args, **kwargs):
     return rpc.rpc_sync(rref.owner(), call_method, args=(method, rref, *args), kwargs=kwargs)
 
 
-def remote_method_async(method, rref, *args, **kwargs) -> "torch.futures.Future":
+def remote_method_async(method, rref, *args, **kwargs) -> torch.futures.Future:
     """Like :func:`remote_method` but return at once with a Future of the result."""
     return rpc.rpc_async(rref.owner(), call_method, args=(method, rref, *args), kwargs=kwargs)
 
@@ -34,6 +36,6 @@ def parameter_rrefs(module) -> list:
     case the RRefs are made on the module's owner, so they point to its parameters.
     Returns a list with one ``RRef[Parameter]`` per parameter, in ``parameters()`` order.
     """
-    if isinstance(module, rpc.RRef):
-        return remote_method(parameter_rrefs, module)
-    return [rpc.RRef(p) for p in module.parameters()]
+    if isinstance(module, nn.Module):
+        return [rpc.RRef(p) for p in module.parameters()]
+    return remote_method(parameter_rrefs, module)

@@ -1,0 +1,31 @@
+# The two commands of the README, and the targets they use.
+#   make course   install, then execute every notebook (full profile) into build/
+#   make test     install, then run every test (quick profile), notebooks included
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: course test install lint clean
+
+course: install
+	COURSE_PROFILE=full $(PY) -m helpers.build --out build
+
+test: install
+	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs \
+		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300
+
+install: $(STAMP)
+
+# Re-installs only when the pins or the package's declaration change.
+$(STAMP): constraints.txt pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed, found " + sys.version'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[test]"
+	touch $(STAMP)
+
+lint: install
+	$(PY) -m ruff check helpers tests notebooks data
+
+clean:
+	rm -rf build notebooks/scripts runs notebooks/runs

@@ -1,0 +1,139 @@
+"""helpers.launch: starting workers on this machine and under torchrun."""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script
+
+SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
+
+
+def ranks_seen(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+def children():
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_free_port_can_be_bound_on_loopback():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    assert 1024 <= port <= 65535
+
+
+def test_workers_all_reduce_with_one_thread_each(tmp_path):
+    run_script(SCRIPT, "--world-size", 3, "--out", tmp_path, echo=False, timeout=120)
+    seen = ranks_seen(tmp_path)
+    assert [s["rank"] for s in seen] == [0, 1, 2]
+    assert all(s["sum"] == 3.0 for s in seen), "all_reduce of ranks 0+1+2"
+    assert all(s["threads"] == 1 for s in seen), "each worker is limited to one thread"
+    assert len({s["pid"] for s in seen}) == 3, "three separate processes"
+    assert all(s["backend"] == "gloo" and s["device"] == "cpu" for s in seen) or torch.cuda.is_available()
+
+
+def test_threads_none_keeps_pytorchs_default(tmp_path):
+    run_script(SCRIPT, "--world-size", 2, "--threads", 0, "--out", tmp_path, echo=False, timeout=120)
+    assert {s["threads"] for s in ranks_seen(tmp_path)} == {torch.get_num_threads()}
+
+
+def test_local_launch_listens_on_loopback_only(tmp_path):
+    run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, echo=False, timeout=120)
+    addresses = {ip for s in ranks_seen(tmp_path) for ip in s["listening"]}
+    assert addresses, "gloo workers should listen for their peers"
+    assert addresses <= {"127.0.0.1", "::1"}, f"a worker listened off loopback: {addresses}"
+
+
+def test_worker_error_ends_run_with_traceback(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ScriptError) as failed:
+        run_script(SCRIPT, "--world-size", 3, "--fail-rank", 1, "--out", tmp_path, echo=False, timeout=300)
+    seconds = time.perf_counter() - start
+    message = str(failed.value)
+    assert message.splitlines()[0].endswith("ZeroDivisionError: deliberate failure on rank 1")
+    assert "rank 1 raised" in message and 'collective.py", line' in message, "the rank's traceback"
+    assert seconds < 60, f"the failure took {seconds:.0f} s to end the run (ranks 0 and 2 wait in a barrier)"
+
+
+def test_worker_that_dies_is_reported_with_its_rank(tmp_path):
+    with pytest.raises(ScriptError, match="rank 1 died with exit code 3"):
+        run_script(SCRIPT, "--world-size", 2, "--exit-rank", 1, "--out", tmp_path, echo=False, timeout=300)
+
+
+def test_two_launches_at_once_do_not_collide(tmp_path):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    errors = []
+
+    def one(out):
+        out.mkdir()
+        try:
+            run_script(SCRIPT, "--world-size", 2, "--out", out, echo=False, timeout=180)
+        except ScriptError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(out,)) for out in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [[s["sum"] for s in ranks_seen(out)] for out in outs] == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_same_script_runs_under_torchrun(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, command=torchrun, echo=False, timeout=180)
+    seen = ranks_seen(tmp_path)
+    assert [s["sum"] for s in seen] == [1.0, 1.0] and all(s["threads"] == 1 for s in seen)
+
+
+def _top_level_worker(worker):
+    raise AssertionError("must never run")
+
+
+@pytest.mark.parametrize("world_size", [0, -2, 1.5, True])
+def test_bad_world_size_is_refused_before_spawning(world_size):
+    with pytest.raises(ValueError, match="world size must be an integer >= 1") as refused:
+        launch(_top_level_worker, world_size)
+    assert len(str(refused.value).splitlines()) == 1
+    assert not children()
+
+
+def test_unknown_backend_is_refused_before_spawning():
+    with pytest.raises(ValueError, match="unknown backend 'mpi'"):
+        launch(_top_level_worker, 2, backend="mpi")
+    assert not children()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_nccl_without_gpus_is_refused():
+    with pytest.raises(ValueError, match="needs one GPU per rank"):
+        pick_backend("nccl", 2)
+
+
+def test_function_from_a_notebook_is_refused(monkeypatch):
+    main = sys.modules["__main__"]
+    monkeypatch.delattr(main, "__file__", raising=False)  # what a Jupyter kernel's __main__ looks like
+    notebook_fn = type(_top_level_worker)(_top_level_worker.__code__, {}, "in_a_cell")
+    notebook_fn.__module__ = "__main__"
+    with pytest.raises(ValueError, match="defined in a notebook or REPL.*run_script"):
+        launch(notebook_fn, 2)
+    assert not children()
+
+
+def test_bad_flag_gives_one_line_error_before_any_worker(tmp_path):
+    with pytest.raises(ScriptError) as failed:
+        run_script(SCRIPT, "--world-size", 0, "--out", tmp_path, echo=False)
+    assert failed.value.args[0].splitlines()[0].endswith("error: --world-size must be >= 1, got 0")
+    assert not list(tmp_path.iterdir()), "no worker may have started"

@@ -1,0 +1,34 @@
+"""The notebooks as committed: clean, and each starting the same way. (nbmake executes them.)"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_there_are_lessons():
+    assert NOTEBOOKS and NOTEBOOKS[0].name == "00_orientation.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_without_outputs(path):
+    cells = json.loads(path.read_text())["cells"]
+    dirty = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_starts_with_the_colab_install_cell(path):
+    cells = json.loads(path.read_text())["cells"]
+    first_code = next("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert 'if "google.colab" in sys.modules:' in first_code and "pip install" in first_code
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_scripts_are_written_to_the_ignored_scripts_folder(path):
+    sources = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
+    targets = [s.split()[1] for s in sources if s.startswith("%%writefile")]
+    assert all(t.startswith("scripts/") for t in targets), targets
