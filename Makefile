@@ -21,7 +21,8 @@ install: $(STAMP)
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[test]"
+	@echo "Installing the pinned dependencies into $(VENV) (first time: about 3 minutes) ..."
+	$(PY) -m pip install -qq --constraint constraints.txt --editable ".[test]"
 	touch $(STAMP)
 
 lint: install
