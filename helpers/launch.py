@@ -163,7 +163,10 @@ def _check_spawnable(fn) -> None:
         )
 
 
-def _limit_threads(threads: int | None) -> None:
+def _prepare_process(threads: int | None) -> None:
+    """What every worker process does first, however it was started."""
+    # rpc.init_rpc trips this deprecation inside PyTorch itself; it says nothing about the learner's code.
+    warnings.filterwarnings("ignore", message="You are using a Backend .* as a ProcessGroup")
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)  # for processes this worker starts
         torch.set_num_threads(threads)
@@ -171,9 +174,7 @@ def _limit_threads(threads: int | None) -> None:
 
 def _spawned(rank, fn, args, plan, threads) -> None:
     """Entry point of each spawned worker: set up its environment, then call ``fn``."""
-    # rpc.init_rpc trips this deprecation inside PyTorch itself; it says nothing about the learner's code.
-    warnings.filterwarnings("ignore", message="You are using a Backend .* as a ProcessGroup")
-    _limit_threads(threads)
+    _prepare_process(threads)
     if plan["addr"] in LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
@@ -190,7 +191,7 @@ def _run_as_torchrun_rank(fn, world_size, args, backend, threads) -> None:
     started = int(os.environ["WORLD_SIZE"])
     if world_size != started:
         raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
-    _limit_threads(threads)
+    _prepare_process(threads)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", started))
     backend, device_type = pick_backend(backend, per_machine)
