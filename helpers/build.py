@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import re
 import shutil
 import sys
 import time
@@ -34,7 +35,7 @@ def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, 
     try:
         client.execute()
     except nbclient.exceptions.CellExecutionError as e:
-        error = str(e).strip().splitlines()[-1]
+        error = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-1]  # no terminal colours
     except nbclient.exceptions.CellTimeoutError:
         error = f"a cell ran past {cell_timeout} s"
     seconds = time.perf_counter() - start
@@ -81,8 +82,11 @@ def main() -> None:
     parser.add_argument("--out", default="build", help="output folder (default: build)")
     parser.add_argument("--only", nargs="*", default=None, help="lesson stems to run, e.g. 00_orientation")
     parser.add_argument("--cell-timeout", type=int, default=1800, help="seconds one cell may run")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="folder of NN_*.ipynb lessons")
     args = parser.parse_args()
-    notebooks = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = sorted(args.notebooks.glob("[0-9][0-9]_*.ipynb"))
+    if not notebooks:
+        parser.error(f"no lessons (NN_*.ipynb) in {args.notebooks}")
     if args.only:
         unknown = set(args.only) - {nb.stem for nb in notebooks}
         if unknown:

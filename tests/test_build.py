@@ -1,0 +1,69 @@
+"""helpers.build (what `make course` runs) and the profile switch."""
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+import helpers
+
+LESSON = [
+    "from helpers.metrics import run_dir\nfrom helpers.plots import plot_curves\nimport helpers",
+    "out = run_dir('99_tiny/run')\nplot_curves({'a': ([0, 1], [1, 0])}, 'tiny', 'step', 'loss', "
+    "path=out / 'tiny.png')\nprint('profile', helpers.course_profile())",
+]
+
+
+def write_lesson(folder, name, cells):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+
+
+def build(tmp_path, *flags):
+    return subprocess.run([sys.executable, "-m", "helpers.build", "--out", str(tmp_path / "build"),
+                           "--notebooks", str(tmp_path), *flags], capture_output=True, text=True, timeout=300)
+
+
+def test_build_writes_notebook_html_figures_and_index(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "build"
+    executed = nbformat.read(out / "99_tiny.ipynb", as_version=4)
+    assert any("profile" in o.get("text", "") for o in executed.cells[1].outputs)
+    assert (out / "99_tiny.html").stat().st_size > 1000
+    (figure,) = (out / "figures" / "99_tiny").glob("*.png")
+    index = (out / "index.html").read_text()
+    assert "99_tiny.html" in index and str(figure.relative_to(out)) in index
+    assert f"Open {out / 'index.html'}" in done.stdout
+
+
+def test_failing_lesson_is_written_out_and_fails_the_build(tmp_path):
+    write_lesson(tmp_path, "98_broken.ipynb", ["raise RuntimeError('lesson bug')"])
+    done = build(tmp_path)
+    assert done.returncode == 1
+    assert "FAILED: RuntimeError: lesson bug" in done.stdout
+    assert "lesson bug" in (tmp_path / "build" / "98_broken.html").read_text()
+
+
+def test_unknown_lesson_is_refused(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path, "--only", "42_nothing")
+    assert done.returncode == 2 and "no lesson named 42_nothing" in done.stderr
+
+
+@pytest.mark.parametrize("value, expected", [(None, "full"), ("full", "full"), ("quick", "quick")])
+def test_profile_comes_from_the_environment(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("COURSE_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("COURSE_PROFILE", value)
+    assert helpers.course_profile() == expected
+
+
+def test_unknown_profile_is_refused(monkeypatch):
+    monkeypatch.setenv("COURSE_PROFILE", "fast")
+    with pytest.raises(ValueError, match="COURSE_PROFILE='fast': set it to 'full' or 'quick'"):
+        helpers.course_profile()
