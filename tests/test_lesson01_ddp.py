@@ -68,12 +68,14 @@ def test_ddp_matches_single_process(scripts, tmp_path):
     assert result["max_diff_rank0_only"] > 1e-3 and result["max_change"] > 1e-3, result
 
 
-def test_same_script_runs_under_torchrun(scripts, tmp_path):
-    out = run(scripts, "ddp_proof.py", "--world-size", 2, "--steps", 5, "--run-dir", tmp_path,
+def test_training_script_runs_under_torchrun(scripts, tmp_path):
+    out = run(scripts, "ddp_mnist.py", "--world-size", 2, "--max-steps", 10, "--run-dir", tmp_path,
               command=TORCHRUN).output
-    (result,) = read_metrics(tmp_path)
-    assert result["world_size"] == 2 and result["max_diff"] < 1e-10, result
-    assert "[rank 0]" in out and "[rank 1]" not in out  # only rank 0 reports, once
+    records = read_metrics(tmp_path)
+    assert {r["rank"] for r in records if "loss" in r} == {0, 1}
+    (epoch,) = [r for r in records if "accuracy" in r]
+    assert epoch["step"] == 10 and epoch["threads"] == 1, epoch
+    assert "[rank 0] epoch 1 step 10" in out
 
 
 @pytest.mark.parametrize("script, flags, message", [
