@@ -85,8 +85,10 @@ def test_training_script_runs_under_torchrun(scripts, tmp_path):
     ("ddp_proof.py", ["--world-size", 3, "--batch-size", 64], "must be a multiple of --world-size 3"),
     ("ddp_proof.py", ["--steps", 1000], "more than the"),
     ("ddp_basics.py", ["--part", "everything"], "invalid choice: 'everything'"),
+    pytest.param("ddp_mnist.py", ["--backend", "nccl"], "needs one GPU per rank",
+                 marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
 ], ids=["world-size-above-samples", "unknown-model", "batch-size-0", "batch-not-divisible",
-        "steps-beyond-data", "unknown-part"])
+        "steps-beyond-data", "unknown-part", "nccl-without-gpus"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message):
     start = time.perf_counter()
     with pytest.raises(ScriptError) as failure:
