@@ -3,57 +3,69 @@
 import time
 
 import pytest
+from conftest import notebook_scripts
 
 from helpers.launch import ScriptError, run_script
 from helpers.metrics import read_metrics
 
 NOTEBOOK = "02_rl_rpc.ipynb"
+OBSERVERS = 2
 
 
-def train(script, run, design, observers, episodes=4, seed=0):
-    """Run a few agent episodes; return (per-episode records, summary record)."""
-    run_script(script, "--design", design, "--world-size", observers + 1, "--episodes", episodes,
-               "--seed", seed, "--run-dir", run, echo=False, timeout=120)
-    records = read_metrics(run)
-    return [r for r in records if "running_reward" in r], next(r for r in records if "solved" in r)
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lesson02") / "rl_rpc.py"
+    path.write_text(notebook_scripts(NOTEBOOK)["rl_rpc.py"])
+    return path
 
 
-@pytest.fixture
-def script(lesson_scripts):
-    return lesson_scripts(NOTEBOOK)["rl_rpc.py"]
+@pytest.fixture(scope="module")
+def runs(script, tmp_path_factory):
+    """``runs(design, seed, again=False)`` -> (per-episode records, summary); each run made once per module."""
+    done = {}
+
+    def get(design, seed, again=False):
+        key = design, seed, again
+        if key not in done:
+            folder = tmp_path_factory.mktemp(f"{design}_seed{seed}")
+            run_script(script, "--design", design, "--world-size", OBSERVERS + 1, "--episodes", 4,
+                       "--seed", seed, "--run-dir", folder, echo=False, timeout=120)
+            records = read_metrics(folder)
+            done[key] = ([r for r in records if "running_reward" in r], next(r for r in records if "solved" in r))
+        return done[key]
+
+    return get
 
 
-def test_naive_design_makes_two_rpcs_per_step(script, tmp_path):
-    episodes, _ = train(script, tmp_path / "naive", "naive", observers=2)
+def test_naive_design_makes_two_rpcs_per_step(runs):
+    episodes, _ = runs("naive", seed=3)
     assert len(episodes) == 4
-    for r in episodes:  # N run_episode calls + select_action and report_reward per step
-        assert r["rpcs"] == 2 + 2 * r["steps"] == r["rpcs_made"], r
+    for r in episodes:  # N run_episode calls + select_action and report_reward per env step
+        assert r["rpcs"] == OBSERVERS + 2 * r["steps"] == r["rpcs_made"], r
 
 
-def test_batched_design_makes_one_rpc_per_step(script, tmp_path):
-    episodes, _ = train(script, tmp_path / "batched", "batched", observers=3)
+def test_batched_design_makes_one_rpc_per_step(runs):
+    episodes, _ = runs("batched", seed=3)
     assert len(episodes) == 4
-    for r in episodes:  # N run_episode calls + one act per step
-        assert r["rpcs"] == 3 + r["steps"] == r["rpcs_made"], r
+    for r in episodes:  # N run_episode calls + one act per env step
+        assert r["rpcs"] == OBSERVERS + r["steps"] == r["rpcs_made"], r
 
 
-def test_learning_updates_the_policy(script, tmp_path):
-    _, summary = train(script, tmp_path / "run", "batched", observers=1, episodes=3)
-    assert summary["episodes"] == 3 and not summary["solved"]
-    assert summary["weight_change"] > 1e-3, summary
+def test_learning_updates_the_policy(runs):
+    for design in ("naive", "batched"):
+        _, summary = runs(design, seed=3)
+        assert summary["episodes"] == 4 and not summary["solved"]
+        assert summary["weight_change"] > 1e-3, summary
 
 
-def test_both_designs_play_the_same_episodes_for_a_seed(script, tmp_path):
-    naive, _ = train(script, tmp_path / "naive", "naive", observers=2, seed=3)
-    batched, _ = train(script, tmp_path / "batched", "batched", observers=2, seed=3)
-    assert [r["reward"] for r in naive] == [r["reward"] for r in batched]
-    assert [r["steps"] for r in naive] == [r["steps"] for r in batched]
+def test_both_designs_play_the_same_episodes_for_a_seed(runs):
+    (naive, _), (batched, _) = runs("naive", seed=3), runs("batched", seed=3)
+    assert [(r["steps"], r["reward"], r["running_reward"]) for r in naive] == \
+           [(r["steps"], r["reward"], r["running_reward"]) for r in batched]
 
 
-def test_same_seed_gives_same_numbers_and_another_seed_does_not(script, tmp_path):
-    first, _ = train(script, tmp_path / "a", "batched", observers=2, seed=5)
-    again, _ = train(script, tmp_path / "b", "batched", observers=2, seed=5)
-    other, _ = train(script, tmp_path / "c", "batched", observers=2, seed=6)
+def test_same_seed_gives_same_numbers_and_another_seed_does_not(runs):
+    first, again, other = runs("batched", 3)[0], runs("batched", 3, again=True)[0], runs("batched", 4)[0]
     numbers = [[(r["reward"], r["running_reward"]) for r in run] for run in (first, again, other)]
     assert numbers[0] == numbers[1]
     assert numbers[0] != numbers[2]
