@@ -31,9 +31,14 @@ def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, 
     os.environ["COURSE_RUNS"] = str((out / "runs" / notebook.stem).resolve())
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(notebook.parent)}})
+    # what the kernel and its child processes write to the terminal rather than to the notebook (lesson
+    # 00's deliberate spawn failure, say, whose children print tracebacks there) goes to a log file
+    log = out / "logs" / f"{notebook.stem}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     start, error = time.perf_counter(), ""
     try:
-        client.execute()
+        with log.open("w") as terminal:
+            client.execute(stdout=terminal, stderr=terminal)
     except nbclient.exceptions.CellExecutionError as e:
         error = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-1]  # no terminal colours
     except nbclient.exceptions.CellTimeoutError:
@@ -99,7 +104,8 @@ def main() -> None:
         print(f"running {nb.name} ...", flush=True)
         ok, seconds, error = execute(nb, out, args.cell_timeout)
         rows.append(dict(stem=nb.stem, ok=ok, seconds=seconds, error=error, figures=figures(out, nb.stem)))
-        print(f"  {'ok' if ok else 'FAILED: ' + error} in {seconds:.0f} s, {len(rows[-1]['figures'])} figures",
+        print(f"  {'ok' if ok else 'FAILED: ' + error} in {seconds:.0f} s, {len(rows[-1]['figures'])} figures; "
+              f"kernel's terminal output in {(out / 'logs' / nb.stem).with_suffix('.log').relative_to(out.parent)}",
               flush=True)
     page = index_page(out, rows)
     print(f"\nOpen {page} (lessons as HTML, executed notebooks and figures in {out}).")

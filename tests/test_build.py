@@ -12,6 +12,9 @@ LESSON = [
     "from helpers.metrics import run_dir\nfrom helpers.plots import plot_curves\nimport helpers",
     "out = run_dir('99_tiny/run')\nplot_curves({'a': ([0, 1], [1, 0])}, 'tiny', 'step', 'loss', "
     "path=out / 'tiny.png')\nprint('profile', helpers.course_profile())",
+    # a child process writes to the terminal it inherited from the kernel, not to the notebook
+    "import subprocess, sys\n"
+    "subprocess.run([sys.executable, '-c', 'import sys; print(\"child noise\", file=sys.stderr)'])",
 ]
 
 
@@ -38,6 +41,8 @@ def test_build_writes_notebook_html_figures_and_index(tmp_path):
     index = (out / "index.html").read_text()
     assert "99_tiny.html" in index and str(figure.relative_to(out)) in index
     assert f"Open {out / 'index.html'}" in done.stdout
+    assert "child noise" not in done.stdout + done.stderr
+    assert "child noise" in (out / "logs" / "99_tiny.log").read_text()
 
 
 def test_failing_lesson_is_written_out_and_fails_the_build(tmp_path):
