@@ -21,6 +21,11 @@ from pathlib import Path
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
+def terminal_log(out: Path, stem: str) -> Path:
+    """Where a lesson's kernel and its child processes write what does not go to the notebook."""
+    return out / "logs" / f"{stem}.log"
+
+
 def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, str]:
     """Run ``notebook`` into ``out``; return (succeeded, seconds, error line)."""
     import nbclient
@@ -33,7 +38,7 @@ def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, 
                                      resources={"metadata": {"path": str(notebook.parent)}})
     # what the kernel and its child processes write to the terminal rather than to the notebook (lesson
     # 00's deliberate spawn failure, say, whose children print tracebacks there) goes to a log file
-    log = out / "logs" / f"{notebook.stem}.log"
+    log = terminal_log(out, notebook.stem)
     log.parent.mkdir(parents=True, exist_ok=True)
     start, error = time.perf_counter(), ""
     try:
@@ -105,7 +110,7 @@ def main() -> None:
         ok, seconds, error = execute(nb, out, args.cell_timeout)
         rows.append(dict(stem=nb.stem, ok=ok, seconds=seconds, error=error, figures=figures(out, nb.stem)))
         print(f"  {'ok' if ok else 'FAILED: ' + error} in {seconds:.0f} s, {len(rows[-1]['figures'])} figures; "
-              f"kernel's terminal output in {(out / 'logs' / nb.stem).with_suffix('.log').relative_to(out.parent)}",
+              f"kernel's terminal output in {terminal_log(out, nb.stem).relative_to(out.parent)}",
               flush=True)
     page = index_page(out, rows)
     print(f"\nOpen {page} (lessons as HTML, executed notebooks and figures in {out}).")
