@@ -301,5 +301,8 @@ def _failure_message(name: str, code: int, output: str) -> str:
     for marker in ("raised:", "Traceback (most recent call last):"):
         starts = [i for i, line in enumerate(out) if line.rstrip().endswith(marker)]
         if starts:
-            return head + "\n" + "\n".join(out[starts[-1]:][-60:])
+            start = starts[-1]
+            if "died with exit code" in last:  # no traceback of its own: its last words come before ours
+                start = max(0, start - 15)
+            return head + "\n" + "\n".join(out[start:][-75:])
     return head
