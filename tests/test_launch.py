@@ -1,6 +1,8 @@
 """helpers.launch: starting workers on this machine and under torchrun."""
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -65,9 +67,19 @@ def test_worker_error_ends_run_with_traceback(tmp_path):
     assert seconds < 60, f"the failure took {seconds:.0f} s to end the run (ranks 0 and 2 wait in a barrier)"
 
 
+def test_what_a_finished_worker_left_unflushed_is_printed(tmp_path):
+    # started without -u or PYTHONUNBUFFERED, so the workers' stdout is a buffered pipe
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--world-size", "2", "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 finished" in done.stdout and "rank 1 finished" in done.stdout, done.stdout
+
+
 def test_worker_that_dies_is_reported_with_its_rank(tmp_path):
-    with pytest.raises(ScriptError, match="rank 1 died with exit code 3"):
+    with pytest.raises(ScriptError, match="rank 1 died with exit code 3") as failed:
         run_script(SCRIPT, "--world-size", 2, "--exit-rank", 1, "--out", tmp_path, echo=False, timeout=300)
+    assert "rank 1 exits with code 3, skipping" in str(failed.value), "what the rank printed before dying"
 
 
 def test_two_launches_at_once_do_not_collide(tmp_path):

@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,11 +30,13 @@ def run(worker, args):
     if worker.rank == args.fail_rank:
         raise ZeroDivisionError(f"deliberate failure on rank {worker.rank}")
     if worker.rank == args.exit_rank:
+        print(f"rank {worker.rank} exits with code 3, skipping Python's clean-up", file=sys.stderr, flush=True)
         os._exit(3)
     if args.hang:
         time.sleep(3600)
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {worker.rank} finished", end="")  # left in stdout's buffer: the launcher must flush it
 
 
 def main():
