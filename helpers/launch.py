@@ -31,7 +31,6 @@ import psutil
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("auto", "gloo", "nccl")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -54,12 +53,82 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the ranks of one machine compute and how they talk: what :func:`pick_backend` decided.
+
+    ``str(placement)`` is the one line a lesson prints to say which path it took.
+    """
+
+    backend: str      # "nccl" or "gloo"
+    device_type: str  # "cuda" or "cpu"
+    gpus: int         # GPUs visible on this machine
+    ranks: int        # ranks started on this machine
+    asked: str = "auto"  # the device that was asked for
+
+    def device(self, local_rank: int) -> torch.device:
+        """The device of the rank with this local rank: ``cuda:(local_rank % gpus)``, or the CPU."""
+        return torch.device("cuda", local_rank % self.gpus) if self.device_type == "cuda" else torch.device("cpu")
+
+    def __str__(self) -> str:
+        if self.backend == "nccl":
+            return f"NCCL, one GPU per rank ({self.ranks} ranks, {self.gpus} GPUs): rank r on cuda:r"
+        if self.device_type == "cuda":
+            return (f"gloo, {self.ranks} ranks share {self.gpus} GPU{'s' if self.gpus > 1 else ''}: "
+                    f"rank r on cuda:(r mod {self.gpus}) (NCCL needs one GPU per rank)")
+        why = "no GPU here" if self.gpus == 0 else f"the CPU was asked for, {self.gpus} GPUs unused"
+        return f"gloo on the CPU ({why})"
+
+
+def pick_backend(backend: str = "auto", ranks_per_machine: int = 1, device: str = "auto",
+                 share_gpus: bool = True, gpus: int | None = None) -> Placement:
+    """Decide backend and devices for ``ranks_per_machine`` ranks from what this machine has.
+
+    * a GPU per rank: NCCL, rank r on ``cuda:r``;
+    * fewer GPUs than ranks: gloo (it carries CUDA tensors for all-reduce and broadcast) with the
+      ranks sharing the GPUs, or the CPU if ``share_gpus`` is False (for code that needs collectives
+      gloo has no CUDA version of);
+    * no GPU, or ``device="cpu"``: gloo on the CPU.
+
+    ``gpus`` overrides the visible GPU count (for tests). Raises ValueError, in one line saying what
+    to change, for an unknown backend or device, NCCL without a GPU per rank, or CUDA without a GPU.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and gpus == 0:
+        raise ValueError("device 'cuda' asked for, but no GPU is visible here: use --device auto or cpu")
+    nccl_ok = dist.is_nccl_available() and gpus >= ranks_per_machine and device != "cpu"
+    if backend == "nccl" and not nccl_ok:
+        raise ValueError(
+            f"backend 'nccl' needs one GPU per rank: {ranks_per_machine} ranks, "
+            f"{0 if device == 'cpu' else gpus} GPUs to use here; use --backend gloo or auto")
+    if backend == "auto":
+        backend = "nccl" if nccl_ok else "gloo"
+    on_gpu = device != "cpu" and gpus > 0 and (backend == "nccl" or share_gpus or gpus >= ranks_per_machine)
+    return Placement(backend, "cuda" if on_gpu else "cpu", gpus, ranks_per_machine, device)
+
+
+def ranks_per_machine(world_size: int) -> int:
+    """Ranks on this machine: torchrun's ``LOCAL_WORLD_SIZE`` if set, else the whole ``world_size``."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
 @dataclasses.dataclass(frozen=True)
 class Worker:
     """What one worker process knows about its place in the run.
 
     ``init_method`` is for ``dist.init_process_group``; ``rpc_init_method`` is a
     separate rendezvous for ``rpc.init_rpc`` so that a script may use both.
+    ``device`` is where this rank computes; a rank that only serves RPCs never
+    needs to touch it (nothing here creates a CUDA context).
     """
 
     rank: int
@@ -69,12 +138,40 @@ class Worker:
     device: torch.device
     init_method: str
     rpc_init_method: str
+    placement: Placement
 
     def rpc_options(self, **kwargs) -> "torch.distributed.rpc.TensorPipeRpcBackendOptions":
         """TensorPipe options that rendezvous at ``rpc_init_method``; kwargs go to the options."""
         from torch.distributed import rpc
 
         return rpc.TensorPipeRpcBackendOptions(init_method=self.rpc_init_method, **kwargs)
+
+    def init_process_group(self, **kwargs) -> None:
+        """``dist.init_process_group`` with this worker's backend, rendezvous, rank and world size.
+
+        On a GPU the rank's device becomes the current one first (NCCL also gets it as ``device_id``).
+        Keyword arguments override, e.g. ``timeout=timedelta(seconds=30)``.
+        """
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            if self.backend == "nccl":
+                kwargs.setdefault("device_id", self.device)
+        dist.init_process_group(**{"backend": self.backend, "init_method": self.init_method,
+                                   "rank": self.rank, "world_size": self.world_size, **kwargs})
+
+    def init_rpc(self, name: str | None = None, **options) -> None:
+        """``rpc.init_rpc`` as ``name`` (default ``worker<rank>``); ``options`` go to TensorPipe's options."""
+        from torch.distributed import rpc
+
+        rpc.init_rpc(name or f"worker{self.rank}", rank=self.rank, world_size=self.world_size,
+                     rpc_backend_options=self.rpc_options(**options))
+
+    def ddp(self, module: torch.nn.Module, **kwargs) -> torch.nn.parallel.DistributedDataParallel:
+        """Wrap ``module`` (already on ``device``) in DDP: ``device_ids=[i]`` on GPU i, ``None`` on the CPU."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **kwargs)
 
 
 def log(rank: int, *parts) -> None:
@@ -88,26 +185,8 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def pick_backend(backend: str = "auto", ranks_per_machine: int = 1) -> tuple[str, str]:
-    """Resolve ``backend`` to ``(backend, device_type)``: NCCL + CUDA if every rank gets a GPU, else gloo + CPU.
-
-    Raises ValueError for an unknown backend or NCCL without enough GPUs.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    nccl_ok = dist.is_nccl_available() and gpus >= ranks_per_machine
-    if backend == "nccl" and not nccl_ok:
-        raise ValueError(
-            f"backend 'nccl' needs one GPU per rank: {ranks_per_machine} ranks, {gpus} GPUs here; "
-            "use --backend gloo or auto"
-        )
-    if backend == "auto":
-        backend = "nccl" if nccl_ok else "gloo"
-    return backend, ("cuda" if backend == "nccl" else "cpu")
-
-
-def launch(fn, world_size: int, *args, backend: str = "auto", threads: int | None = 1) -> None:
+def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "auto", share_gpus: bool = True,
+           threads: int | None = 1) -> None:
     """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
 
     Started by torchrun, this process is one rank and ``fn`` runs here once.
@@ -115,7 +194,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", threads: int | Non
     through files in a fresh temporary folder (no TCP store, so nothing listens
     on a non-loopback address; GLOO/TP_SOCKET_IFNAME are set to ``lo`` unless
     the user set ``MASTER_ADDR`` to another address). ``threads`` limits each
-    worker's intra-op threads (``None`` keeps PyTorch's default).
+    worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
+    ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the
+    resulting :class:`Placement` and its own device in its :class:`Worker`.
 
     Bad arguments raise ValueError before anything is spawned; a worker that
     raises ends the run at once with :class:`WorkerError` carrying its traceback.
@@ -125,10 +206,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", threads: int | Non
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
     if under_torchrun():
-        _run_as_torchrun_rank(fn, world_size, args, backend, threads)
+        _run_as_torchrun_rank(fn, world_size, args, pick_backend(backend, ranks_per_machine(world_size),
+                                                                 device, share_gpus), threads)
         return
     _check_spawnable(fn)
-    backend, device_type = pick_backend(backend, world_size)
+    placement = pick_backend(backend, world_size, device, share_gpus)
 
     folder = tempfile.mkdtemp(prefix="course-rendezvous-")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -136,8 +218,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", threads: int | Non
         init, rpc_init = f"file://{folder}/pg", f"file://{folder}/rpc"
     else:  # the user chose an address: meet there over TCP
         init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
-    plan = dict(world_size=world_size, backend=backend, device_type=device_type,
-                init_method=init, rpc_init_method=rpc_init, addr=addr)
+    plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr)
     import torch.multiprocessing as mp
 
     try:
@@ -180,11 +261,9 @@ def _spawned(rank, fn, args, plan, threads) -> None:
         os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(plan["world_size"]))
-    device = torch.device(plan["device_type"], rank) if plan["device_type"] == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    fn(Worker(rank, plan["world_size"], rank, plan["backend"], device,
-              plan["init_method"], plan["rpc_init_method"]), *args)
+    placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
+    fn(Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
+              plan["init_method"], plan["rpc_init_method"], placement), *args)
     # fn is done. Leave now, without the interpreter's teardown, where PyTorch's C++ objects and their
     # threads are destroyed in no set order: a worker that had finished its work sometimes aborted there
     # ("terminate called without an active exception", exit code -6: once in a clean-clone make test, and
@@ -194,18 +273,14 @@ def _spawned(rank, fn, args, plan, threads) -> None:
     os._exit(0)
 
 
-def _run_as_torchrun_rank(fn, world_size, args, backend, threads) -> None:
+def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     started = int(os.environ["WORLD_SIZE"])
     if world_size != started:
         raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
     _prepare_process(threads)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", started))
-    backend, device_type = pick_backend(backend, per_machine)
-    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    fn(Worker(int(os.environ["RANK"]), started, local_rank, backend, device, "env://", "env://"), *args)
+    fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),
+              "env://", "env://", placement), *args)
 
 
 # --- running a script from a notebook ------------------------------------------------

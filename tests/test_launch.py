@@ -42,6 +42,15 @@ def test_workers_all_reduce_with_one_thread_each(tmp_path):
     assert all(s["threads"] == 1 for s in seen), "each worker is limited to one thread"
     assert len({s["pid"] for s in seen}) == 3, "three separate processes"
     assert all(s["backend"] == "gloo" and s["device"] == "cpu" for s in seen) or torch.cuda.is_available()
+    assert all(s["placement"] == str(pick_backend("auto", 3)) for s in seen), "each worker knows the path taken"
+
+
+def test_worker_ddp_syncs_weights_and_averages_gradients(tmp_path):
+    run_script(SCRIPT, "--world-size", 3, "--out", tmp_path, echo=False, timeout=120)
+    seen = ranks_seen(tmp_path)
+    assert seen[0]["ddp_weight"] == seen[1]["ddp_weight"] == seen[2]["ddp_weight"], "rank 0's weights everywhere"
+    # rank r's input is r + 1 in both features, so d(sum)/dw is r + 1: the mean over 3 ranks is 2
+    assert all(s["ddp_grad"] == [[2.0, 2.0]] for s in seen), [s["ddp_grad"] for s in seen]
 
 
 def test_threads_none_keeps_pytorchs_default(tmp_path):
@@ -134,6 +143,48 @@ def test_nccl_without_gpus_is_refused():
         pick_backend("nccl", 2)
 
 
+@pytest.mark.skipif(not torch.distributed.is_nccl_available(), reason="this PyTorch has no NCCL")
+def test_a_gpu_per_rank_means_nccl_and_rank_r_on_cuda_r():
+    placement = pick_backend("auto", 2, gpus=2)
+    assert (placement.backend, placement.device_type) == ("nccl", "cuda")
+    assert [placement.device(r) for r in (0, 1)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert str(placement).startswith("NCCL, one GPU per rank")
+
+
+def test_fewer_gpus_than_ranks_share_them_over_gloo():
+    placement = pick_backend("auto", 3, gpus=1)  # a Colab notebook: one GPU, three ranks
+    assert (placement.backend, placement.device_type) == ("gloo", "cuda")
+    assert {placement.device(r) for r in range(3)} == {torch.device("cuda", 0)}
+    assert "3 ranks share 1 GPU" in str(placement)
+    assert [pick_backend("auto", 4, gpus=2).device(r).index for r in range(4)] == [0, 1, 0, 1]
+
+
+def test_code_that_cannot_share_a_gpu_falls_back_to_the_cpu():
+    assert pick_backend("auto", 2, share_gpus=False, gpus=1).device_type == "cpu"
+    assert pick_backend("auto", 1, share_gpus=False, gpus=1).device_type == "cuda"
+
+
+def test_no_gpu_or_cpu_asked_for_means_gloo_on_the_cpu():
+    assert (pick_backend("auto", 2, gpus=0).backend, str(pick_backend("auto", 2, gpus=0))) == \
+           ("gloo", "gloo on the CPU (no GPU here)")
+    asked = pick_backend("auto", 2, device="cpu", gpus=2)
+    assert (asked.backend, asked.device_type, asked.device(1)) == ("gloo", "cpu", torch.device("cpu"))
+    assert "asked for" in str(asked)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend="nccl", ranks_per_machine=2, gpus=1), "backend 'nccl' needs one GPU per rank: 2 ranks, 1 GPUs"),
+    (dict(backend="nccl", device="cpu", gpus=2), "backend 'nccl' needs one GPU per rank"),
+    (dict(device="cuda", gpus=0), "device 'cuda' asked for, but no GPU is visible"),
+    (dict(device="tpu"), "unknown device 'tpu'"),
+    (dict(backend="mpi"), "unknown backend 'mpi'"),
+], ids=["nccl-one-gpu-two-ranks", "nccl-on-cpu", "cuda-without-gpu", "unknown-device", "unknown-backend"])
+def test_impossible_placements_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as refused:
+        pick_backend(**kwargs)
+    assert len(str(refused.value).splitlines()) == 1
+
+
 def test_function_from_a_notebook_is_refused(monkeypatch):
     main = sys.modules["__main__"]
     monkeypatch.delattr(main, "__file__", raising=False)  # what a Jupyter kernel's __main__ looks like
@@ -147,5 +198,6 @@ def test_function_from_a_notebook_is_refused(monkeypatch):
 def test_bad_flag_gives_one_line_error_before_any_worker(tmp_path):
     with pytest.raises(ScriptError) as failed:
         run_script(SCRIPT, "--world-size", 0, "--out", tmp_path, echo=False)
-    assert failed.value.args[0].splitlines()[0].endswith("error: --world-size must be >= 1, got 0")
+    assert failed.value.args[0].splitlines()[0].endswith(
+        "error: argument --world-size: must be an integer >= 1, got 0")
     assert not list(tmp_path.iterdir()), "no worker may have started"

@@ -10,19 +10,23 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from helpers.flags import add_device_flags, check_placement, integer
 from helpers.launch import launch, log
 from helpers.metrics import MetricsWriter
 
 
 def run(worker, args):
-    dist.init_process_group(worker.backend, init_method=worker.init_method,
-                            rank=worker.rank, world_size=worker.world_size)
-    total = torch.tensor([float(worker.rank)])
+    worker.init_process_group()
+    total = torch.tensor([float(worker.rank)], device=worker.device)
     dist.all_reduce(total)
+    torch.manual_seed(worker.rank)  # different weights per rank: DDP must replace them with rank 0's
+    ddp = worker.ddp(torch.nn.Linear(2, 1).to(worker.device))
+    ddp(torch.full((1, 2), float(worker.rank + 1), device=worker.device)).sum().backward()
     listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
                         if c.status == psutil.CONN_LISTEN})
     seen = dict(rank=worker.rank, sum=total.item(), threads=torch.get_num_threads(), pid=os.getpid(),
-                backend=worker.backend, device=str(worker.device), listening=listening)
+                backend=worker.backend, device=str(worker.device), listening=listening, placement=str(worker.placement),
+                ddp_weight=ddp.module.weight.tolist(), ddp_grad=ddp.module.weight.grad.tolist())
     Path(args.out, f"rank{worker.rank}.json").write_text(json.dumps(seen))
     MetricsWriter(args.out, worker.rank).log(0, sum=total.item())
     MetricsWriter(args.out, worker.rank).log(1, sum=2 * total.item())
@@ -41,17 +45,17 @@ def run(worker, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--backend", default="auto")
-    parser.add_argument("--threads", type=int, default=1, help="0 keeps PyTorch's default")
+    parser.add_argument("--world-size", type=integer(low=1), default=2)
+    add_device_flags(parser)
+    parser.add_argument("--threads", type=integer(low=0), default=1, help="0 keeps PyTorch's default")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-rank", type=int, default=-1)
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if args.world_size < 1:
-        parser.error(f"--world-size must be >= 1, got {args.world_size}")
-    launch(run, args.world_size, args, backend=args.backend, threads=args.threads or None)
+    placement = check_placement(parser, args, args.world_size)
+    print(f"devices: {placement}", flush=True)
+    launch(run, args.world_size, args, backend=args.backend, device=args.device, threads=args.threads or None)
 
 
 if __name__ == "__main__":
