@@ -9,6 +9,8 @@ that object, on its owner, from any worker:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.distributed import rpc
@@ -39,3 +41,29 @@ def parameter_rrefs(module) -> list:
     if isinstance(module, nn.Module):
         return [rpc.RRef(p) for p in module.parameters()]
     return remote_method(parameter_rrefs, module)
+
+
+FUNCTIONAL_OPTIMIZER_DEPRECATION = (
+    "`TorchScript` support for functional optimizers is deprecated and will be removed in a future "
+    "PyTorch release. Consider using the `torch.compile` optimizer instead.")
+
+
+def hide_functional_optimizer_warning() -> None:
+    """Stop this process from printing :data:`FUNCTIONAL_OPTIMIZER_DEPRECATION`, and nothing else.
+
+    ``DistributedOptimizer`` builds a TorchScript functional optimizer on every worker that owns
+    parameters, and PyTorch warns each time that this support is deprecated. It raises the warning
+    inside ``warnings.catch_warnings()`` with ``simplefilter("always")``, which overrides any
+    ``warnings.filterwarnings`` rule, so this wraps ``warnings.showwarning`` and drops exactly that
+    message. Call it in each worker (the owners print the warning) once a lesson has explained it.
+    """
+    shown = warnings.showwarning
+    if getattr(shown, "hides", None) == FUNCTIONAL_OPTIMIZER_DEPRECATION:
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(message) != FUNCTIONAL_OPTIMIZER_DEPRECATION:
+            shown(message, category, filename, lineno, file, line)
+
+    show.hides = FUNCTIONAL_OPTIMIZER_DEPRECATION
+    warnings.showwarning = show

@@ -1,16 +1,19 @@
 """helpers.rpc: method calls through RRefs and parameter RRefs, over real RPC between two workers."""
 
+import warnings
 from pathlib import Path
 
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
+from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION, hide_functional_optimizer_warning
 
 SCRIPT = Path(__file__).parent / "scripts" / "rpc_methods.py"
 
 
 def test_rpc_helpers_act_on_the_owners_objects(tmp_path):
-    run_script(SCRIPT, "--out", tmp_path, echo=False, timeout=180)
+    output = run_script(SCRIPT, "--out", tmp_path, echo=False, timeout=180).output
     (seen,) = read_metrics(tmp_path)
+    assert FUNCTIONAL_OPTIMIZER_DEPRECATION in output, "DistributedOptimizer warns on the parameters' owner"
     assert seen["first"] == 2 and seen["second"] == 3, "remote_method and remote_method_async return results"
     assert seen["future_type"] == "Future"
     assert seen["ran_on"] == "worker1", "methods run on the RRef's owner"
@@ -18,3 +21,20 @@ def test_rpc_helpers_act_on_the_owners_objects(tmp_path):
     assert seen["local_count"] == 2 and seen["remote_count"] == 2, "weight and bias of nn.Linear"
     assert seen["owners"] == ["worker1"], "remote parameter RRefs point to the module's owner"
     assert seen["changed"] == [True, True], "DistributedOptimizer stepped the remote parameters"
+
+
+def test_the_deprecation_warning_can_be_hidden_by_its_exact_message(tmp_path):
+    output = run_script(SCRIPT, "--out", tmp_path, "--hide-warning", echo=False, timeout=180).output
+    assert "functional optimizers is deprecated" not in output
+    assert read_metrics(tmp_path)[0]["changed"] == [True, True]
+
+
+def test_hiding_the_deprecation_leaves_other_warnings_alone(monkeypatch):
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *rest, **kw: shown.append(str(message)))
+    hide_functional_optimizer_warning()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # what PyTorch does around this warning
+        warnings.warn(FUNCTIONAL_OPTIMIZER_DEPRECATION, DeprecationWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    assert shown == ["something else"]
