@@ -5,6 +5,8 @@
 Each notebook runs in a fresh kernel with ``notebooks/`` as its working folder
 and ``COURSE_RUNS=<out>/runs/<lesson>``, so its metrics and PNGs land there. A
 failing lesson is still written out (with its error) and the command exits 1.
+While a lesson runs, one line shows which cell it is in and for how long; at the
+end a table gives each lesson's time against its budget.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+# minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
+BUDGET_MINUTES = {"00": 1, "01": 4, "02": 6, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3}
 
 
 def terminal_log(out: Path, stem: str) -> Path:
@@ -26,23 +31,61 @@ def terminal_log(out: Path, stem: str) -> Path:
     return out / "logs" / f"{stem}.log"
 
 
+class Progress:
+    """One line, rewritten in place on a terminal, saying which code cell of a lesson runs and since when.
+
+    Elsewhere (a log, CI) it prints such a line when a cell starts, at most once every ``every`` seconds.
+    """
+
+    def __init__(self, stem: str, cells: int, stream=None, every: float = 30.0):
+        self.stem, self.cells, self.stream, self.every = stem, cells, stream or sys.stdout, every
+        self.tty = self.stream.isatty()
+        self.cell, self.start, self.last_print = 0, time.perf_counter(), -float("inf")
+        self.done = threading.Event()
+
+    def line(self) -> str:
+        return f"  {self.stem}: cell {self.cell}/{self.cells}, {time.perf_counter() - self.start:.0f} s"
+
+    def cell_started(self, **_) -> None:
+        self.cell += 1
+        if not self.tty and time.perf_counter() - self.last_print >= self.every:
+            self.last_print = time.perf_counter()
+            print(self.line(), file=self.stream, flush=True)
+
+    def __enter__(self):
+        if self.tty:
+            threading.Thread(target=self._refresh, daemon=True).start()
+        return self
+
+    def __exit__(self, *_):
+        self.done.set()
+        if self.tty:
+            print("\r\x1b[K", end="", file=self.stream, flush=True)
+
+    def _refresh(self) -> None:
+        while not self.done.wait(1.0):
+            print("\r\x1b[K" + self.line(), end="", file=self.stream, flush=True)
+
+
 def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, str]:
-    """Run ``notebook`` into ``out``; return (succeeded, seconds, error line)."""
+    """Run ``notebook`` into ``out``, showing progress; return (succeeded, seconds, error line)."""
     import nbclient
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook, as_version=4)
     os.environ["COURSE_RUNS"] = str((out / "runs" / notebook.stem).resolve())
+    progress = Progress(notebook.stem, sum(c.cell_type == "code" for c in nb.cells))
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(notebook.parent)}})
+                                     resources={"metadata": {"path": str(notebook.parent)}},
+                                     on_cell_start=progress.cell_started)
     # what the kernel and its child processes write to the terminal rather than to the notebook (lesson
     # 00's deliberate spawn failure, say, whose children print tracebacks there) goes to a log file
     log = terminal_log(out, notebook.stem)
     log.parent.mkdir(parents=True, exist_ok=True)
     start, error = time.perf_counter(), ""
     try:
-        with log.open("w") as terminal:
+        with log.open("w") as terminal, progress:
             client.execute(stdout=terminal, stderr=terminal)
     except nbclient.exceptions.CellExecutionError as e:
         error = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()[-1]  # no terminal colours
@@ -87,6 +130,20 @@ def index_page(out: Path, rows: list[dict]) -> Path:
     return page
 
 
+def budget_table(rows: list[dict]) -> str:
+    """Each lesson's minutes against its budget (:data:`BUDGET_MINUTES`), and the total, as a text table."""
+    lines = [f"{'lesson':<22} {'minutes':>7} {'budget':>6}  verdict"]
+    for r in rows:
+        budget = BUDGET_MINUTES.get(r["stem"][:2])
+        verdict = "no budget" if budget is None else ("within" if r["seconds"] <= 60 * budget else "OVER")
+        lines.append(f"{r['stem']:<22} {r['seconds'] / 60:>7.1f} {budget if budget else '-':>6}  "
+                     f"{verdict if r['ok'] else 'FAILED'}")
+    total = sum(r["seconds"] for r in rows) / 60
+    budgets = [BUDGET_MINUTES.get(r["stem"][:2], 0) for r in rows]
+    lines.append(f"{'all':<22} {total:>7.1f} {sum(budgets):>6}  {'within' if total <= sum(budgets) else 'OVER'}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="build", help="output folder (default: build)")
@@ -113,6 +170,7 @@ def main() -> None:
               f"kernel's terminal output in {terminal_log(out, nb.stem).relative_to(out.parent)}",
               flush=True)
     page = index_page(out, rows)
+    print("\n" + budget_table(rows))
     print(f"\nOpen {page} (lessons as HTML, executed notebooks and figures in {out}).")
     if not all(r["ok"] for r in rows):
         sys.exit(1)

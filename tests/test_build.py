@@ -1,5 +1,6 @@
 """helpers.build (what `make course` runs) and the profile switch."""
 
+import re
 import subprocess
 import sys
 
@@ -43,6 +44,21 @@ def test_build_writes_notebook_html_figures_and_index(tmp_path):
     assert f"Open {out / 'index.html'}" in done.stdout
     assert "child noise" not in done.stdout + done.stderr
     assert "child noise" in (out / "logs" / "99_tiny.log").read_text()
+    assert re.search(r"^  99_tiny: cell 1/3, \d+ s$", done.stdout, re.M), "progress: which cell runs, since when"
+    table = done.stdout.split("lesson ")[1]
+    assert "99_tiny" in table and "no budget" in table
+
+
+def test_budget_table_compares_each_lesson_with_its_budget():
+    from helpers.build import budget_table
+
+    rows = [dict(stem="00_orientation", seconds=50, ok=True), dict(stem="02_rl_rpc", seconds=400, ok=True),
+            dict(stem="03_rnn", seconds=60, ok=False)]
+    lines = budget_table(rows).splitlines()
+    assert lines[1].split() == ["00_orientation", "0.8", "1", "within"]
+    assert lines[2].split() == ["02_rl_rpc", "6.7", "6", "OVER"]
+    assert lines[3].split()[-1] == "FAILED"
+    assert lines[4].split() == ["all", "8.5", "10", "within"]
 
 
 def test_failing_lesson_is_written_out_and_fails_the_build(tmp_path):
