@@ -46,7 +46,9 @@ class Progress:
     def line(self) -> str:
         return f"  {self.stem}: cell {self.cell}/{self.cells}, {time.perf_counter() - self.start:.0f} s"
 
-    def cell_started(self, **_) -> None:
+    def cell_started(self, cell=None, **_) -> None:
+        if cell is not None and cell.cell_type != "code":  # nbclient calls this for markdown cells too
+            return
         self.cell += 1
         if not self.tty and time.perf_counter() - self.last_print >= self.every:
             self.last_print = time.perf_counter()

@@ -88,3 +88,16 @@ def test_unknown_profile_is_refused(monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "fast")
     with pytest.raises(ValueError, match="COURSE_PROFILE='fast': set it to 'full' or 'quick'"):
         helpers.course_profile()
+
+
+def test_progress_counts_code_cells_only():
+    import io
+
+    import nbformat
+
+    from helpers.build import Progress
+
+    progress = Progress("99_tiny", cells=2, stream=io.StringIO())
+    progress.cell_started(cell=nbformat.v4.new_markdown_cell("# title"))
+    progress.cell_started(cell=nbformat.v4.new_code_cell("x = 1"))
+    assert progress.line().startswith("  99_tiny: cell 1/2,")
