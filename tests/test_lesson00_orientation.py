@@ -56,15 +56,13 @@ def test_latency_measures_every_size_and_echoes_intact_on_loopback(scripts, tmp_
 @pytest.mark.parametrize("script, flags, message", [
     ("hello_ranks.py", ["--world-size", 0], "--world-size: must be an integer >= 1 and <= 64, got 0"),
     ("hello_ranks.py", ["--world-size", 2, "--fail-rank", 5], "--fail-rank 5 is not a rank of a world of 2"),
-    ("hello_ranks.py", ["--fail-rank", "one"], "--fail-rank: expected an integer, got 'one'"),
     ("hello_ranks.py", ["--device", "tpu"], "invalid choice: 'tpu'"),
     pytest.param("hello_ranks.py", ["--backend", "nccl"], "needs one GPU per rank",
                  marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
     ("rpc_primer.py", ["--run-dir", "/proc/no/such/folder"], "--run-dir /proc/no/such/folder: cannot create it"),
     ("rpc_latency.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
-    ("rpc_latency.py", ["--repeats", 0, "--run-dir", "x"], "--repeats: must be an integer >= 1"),
-], ids=["world-size-0", "fail-rank-outside-world", "fail-rank-not-a-number", "unknown-device",
-        "nccl-without-gpus", "run-dir-not-creatable", "max-bytes-below-4", "repeats-0"])
+], ids=["world-size-0", "fail-rank-outside-world", "unknown-device", "nccl-without-gpus", "run-dir-not-creatable",
+        "max-bytes-below-4"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     with pytest.raises(ScriptError) as failure:
         run_script(scripts[script], *flags, echo=False, timeout=60, cwd=tmp_path)
