@@ -4,12 +4,13 @@ The notebook runs both scripts with both dense layers; these tests run them agai
 check each claim of the lesson, plus bad input the notebook does not show.
 """
 
+import importlib
 import time
 
 import pytest
 from conftest import notebook_scripts
 
-from helpers.launch import ScriptError, run_script
+from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
 
 NOTEBOOK = "06_ddp_rpc.ipynb"
@@ -85,3 +86,17 @@ def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, m
     assert message in str(failed.value).splitlines()[0]
     assert "[rank" not in str(failed.value), "a worker was spawned"
     assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("gpus, backend, devices", [
+    (0, "gloo", ["cpu", "cpu"]),
+    (1, "gloo", ["cuda:0", "cuda:0"]),     # both trainers share the GPU; NCCL refuses that
+    (2, "nccl", ["cuda:0", "cuda:1"]),
+    (8, "nccl", ["cuda:0", "cuda:1"]),
+])
+def test_trainers_get_a_gpu_each_or_share_one(scripts, monkeypatch, gpus, backend, devices):
+    monkeypatch.syspath_prepend(str(scripts))
+    trainers = importlib.import_module("ddp_rpc").TRAINERS  # main() places this many ranks, the trainers
+    placement = pick_backend("auto", trainers, "auto", gpus=gpus)
+    assert placement.backend == backend
+    assert [str(placement.device(i)) for i in range(trainers)] == devices
