@@ -101,7 +101,7 @@ def test_scaling_times_compute_allreduce_and_step_for_every_setting(scripts, tmp
                  marks=pytest.mark.skipif(GPUS > 0, reason="there is a GPU here")),
     ("ddp_mnist.py", ["--lr", -1], "--lr: must be a finite number"),
     ("ddp_mnist.py", ["--world-size", 3, "--batch-size", 64], "cannot be split evenly over --world-size 3"),
-    ("ddp_mnist.py", ["--run-dir", "/proc/no/such/folder"], "--run-dir /proc/no/such/folder: cannot create it"),
+    ("ddp_mnist.py", ["--run-dir", "/proc/no/such/folder"], "argument --run-dir: cannot create folder '/proc/no/such/folder'"),
     ("ddp_proof.py", ["--steps", 1000], "more than the"),
     ("ddp_scaling.py", ["--batch-sizes", 16, 0], "--batch-sizes: must be an integer >= 1"),
 ], ids=["step-world-size-0", "checkpoint-steps-0", "split-cuda-without-gpu", "mnist-lr-negative",
