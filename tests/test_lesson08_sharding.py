@@ -30,6 +30,14 @@ def run(scripts, name, *flags, timeout=180):
     return run_script(scripts[name], *flags, echo=False, timeout=timeout)
 
 
+def run_in_this_process(scripts, name, *flags):
+    """Run a script's main() here, as `python name flags` would (for what starts no worker: no interpreter start)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(scripts[name].parent))
+        patch.setattr(sys, "argv", [name, *map(str, flags)])
+        runpy.run_path(str(scripts[name]), run_name="__main__")
+
+
 @pytest.fixture(scope="module")
 def proof(scripts, tmp_path_factory):
     """DDP, FSDP2 and TP on 2 ranks in float64: ({mode: summary}, {mode: weights}).
@@ -81,7 +89,7 @@ def test_checkpoint_saved_by_two_ranks_loads_into_one_process(scripts, tmp_path)
     ckpt = tmp_path / "checkpoints"
     run(scripts, "dcp_save.py", "--world-size", 2, "--steps", 2, "--ckpt-dir", ckpt, "--run-dir", tmp_path,
         "--device", "cpu")
-    run(scripts, "dcp_load.py", "--ckpt-dir", ckpt, "--run-dir", tmp_path, "--device", "cpu")
+    run_in_this_process(scripts, "dcp_load.py", "--ckpt-dir", ckpt, "--run-dir", tmp_path, "--device", "cpu")
     saver, loader = (next(r for r in read_metrics(tmp_path) if r.get("role") == role) for role in ("saver", "loader"))
     assert torch.load(ckpt / "latest.pt")["folder"] == "step_000002"
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest.pt", "step_000002"]  # no .partial folder left
@@ -123,11 +131,9 @@ def test_tp_world_size_not_dividing_hidden_fails_in_one_line_before_any_worker_s
     ("dcp_load.py", ["--ckpt-dir", "no/such/folder"], "no checkpoint in no/such/folder"),
 ], ids=["unknown-mode", "single-on-two-ranks", "fsdp-tp-too-few-ranks", "batch-not-divisible", "too-few-steps",
         "tp-mlp-hidden", "dcp-batch", "no-checkpoint"])
-def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, monkeypatch, capsys, script, flags, message):
-    """The flag checks, run in this process (no interpreter start): a refusal exits with 2 before launch()."""
-    monkeypatch.syspath_prepend(str(scripts[script].parent))
-    monkeypatch.setattr(sys, "argv", [script, *map(str, flags)])
+def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, capsys, script, flags, message):
+    """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
     with pytest.raises(SystemExit) as refused:
-        runpy.run_path(str(scripts[script]), run_name="__main__")
+        run_in_this_process(scripts, script, *flags)
     assert refused.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
