@@ -59,7 +59,8 @@ def test_latency_measures_every_size_and_echoes_intact_on_loopback(scripts, tmp_
     ("hello_ranks.py", ["--device", "tpu"], "invalid choice: 'tpu'"),
     pytest.param("hello_ranks.py", ["--backend", "nccl"], "needs one GPU per rank",
                  marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
-    ("rpc_primer.py", ["--run-dir", "/proc/no/such/folder"], "argument --run-dir: cannot create folder '/proc/no/such/folder'"),
+    ("rpc_primer.py", ["--run-dir", "/proc/no/such/folder"],
+     "argument --run-dir: cannot create folder '/proc/no/such/folder'"),
     ("rpc_latency.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
 ], ids=["world-size-0", "fail-rank-outside-world", "unknown-device", "nccl-without-gpus", "run-dir-not-creatable",
         "max-bytes-below-4"])
