@@ -145,9 +145,16 @@ class Worker:
     placement: Placement
 
     def rpc_options(self, **kwargs) -> "torch.distributed.rpc.TensorPipeRpcBackendOptions":
-        """TensorPipe options that rendezvous at ``rpc_init_method``; kwargs go to the options."""
+        """TensorPipe options that rendezvous at ``rpc_init_method``; kwargs go to the options.
+
+        The transport defaults to ``uv`` (TCP, on loopback for a local run): TensorPipe would otherwise pick
+        its shared-memory transport, whose reactor polls while it waits and keeps about a core busy in every
+        idle process; with more RPC processes than cores that takes the cores from the ranks that compute.
+        Pass ``_transports=["shm", "uv"]`` to get TensorPipe's own choice back (lesson 04 measures both).
+        """
         from torch.distributed import rpc
 
+        kwargs.setdefault("_transports", ["uv"])
         return rpc.TensorPipeRpcBackendOptions(init_method=self.rpc_init_method, **kwargs)
 
     def init_process_group(self, **kwargs) -> None:

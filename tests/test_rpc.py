@@ -38,3 +38,19 @@ def test_hiding_the_deprecation_leaves_other_warnings_alone(monkeypatch):
         warnings.warn(FUNCTIONAL_OPTIMIZER_DEPRECATION, DeprecationWarning, stacklevel=1)
         warnings.warn("something else", UserWarning, stacklevel=1)
     assert shown == ["something else"]
+
+
+IDLE = Path(__file__).parent / "scripts" / "rpc_idle.py"
+
+
+def idle_cpu(tmp_path, transports):
+    run_script(IDLE, "--out", tmp_path / transports, "--transports", transports, echo=False, timeout=120)
+    return [record["cpu_seconds"] / record["seconds"] for record in read_metrics(tmp_path / transports)]
+
+
+def test_idle_rpc_workers_leave_the_cores_alone_and_shared_memory_would_not(tmp_path):
+    """The reason ``Worker.rpc_options`` defaults to the uv transport: shm's reactor polls while it waits."""
+    uv = idle_cpu(tmp_path, "default")
+    shm = idle_cpu(tmp_path, "shm,uv")
+    assert max(uv) < 0.1, f"idle workers on uv used {uv} of a core each"
+    assert sum(shm) > 5 * sum(uv) + 0.3, f"shm {shm} vs uv {uv}: shared memory no longer polls; revisit the default"
