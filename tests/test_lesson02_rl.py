@@ -117,8 +117,9 @@ def test_each_step_cost_replays_the_same_episodes_and_burns_its_cpu_time(scripts
     ("single_process.py", ["--gamma", "1"], "argument --gamma: must be a finite number >= 0 and < 1"),
     ("single_process.py", ["--dropout", "nan"], "argument --dropout: must be a finite number"),
     ("single_process.py", ["--lr", "0"], "argument --lr: must be a finite number <= 1 and > 0"),
+    ("single_process.py", ["--run-dir", "/dev/null/runs"], "argument --run-dir: cannot create folder"),
 ], ids=["step-cost-no-observer", "negative-step-cost", "threshold-above-max", "unknown-env", "unknown-design",
-        "no-episode", "no-environment", "gamma-1", "dropout-nan", "lr-0"])
+        "no-episode", "no-environment", "gamma-1", "dropout-nan", "lr-0", "run-dir-not-a-folder"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, message):
     with pytest.raises(ScriptError) as failed:
         run_script(scripts / script, *flags, echo=False, timeout=60)
