@@ -89,8 +89,9 @@ def test_observers_report_that_they_never_initialised_cuda(runs):
 
 
 def test_batched_rounds_stay_whole_with_three_observers_over_many_episodes(scripts, tmp_path):
-    # An episode end handled by a callback that may run after the agent's wait returned let batches fire
-    # without one observer, a few times in 200 such episodes (300 here); with a tiny learning rate they stay short.
+    # An episode end handled by a callback that may run after the agent's wait returned (add_done_callback,
+    # then wait() on the same futures) let batches fire without one observer in dozens of these 300 episodes;
+    # with a tiny learning rate they stay short.
     episodes, _ = run(scripts, tmp_path, "batched", 3, "--lr", "1e-6", episodes=300, timeout=180)
     assert len(episodes) == 300
     torn = [(r["step"], r["forwards"], r["longest"]) for r in episodes if r["forwards"] != r["longest"]]
