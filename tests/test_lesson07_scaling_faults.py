@@ -110,22 +110,21 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
                     *map(str, flags)], shlex.join(argv)
 
 
-def test_collective_mismatch_fails_at_the_timeout_and_even_batches_do_not(scripts, tmp_path):
-    with pytest.raises(ScriptError) as failure:
-        run(scripts, "desync.py", "--batches", 5, "--timeout", 2, "--run-dir", tmp_path / "odd", timeout=60)
+def test_collective_mismatch_fails_at_the_timeout_instead_of_hanging(scripts, tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(ScriptError) as failure:  # 3 batches over 2 ranks: rank 0's second all-reduce has no partner
+        run(scripts, "desync.py", "--batches", 3, "--timeout", 1, "--run-dir", tmp_path, timeout=60)
     assert not isinstance(failure.value, ScriptTimeout)
-    assert "Timed out waiting 2000ms" in str(failure.value)
-    out = run(scripts, "desync.py", "--batches", 6, "--timeout", 2, "--run-dir", tmp_path / "even").output
-    assert out.count("past the barrier") == 2
+    assert "Timed out waiting 1000ms" in str(failure.value)
+    assert time.perf_counter() - start >= 1
 
 
 @pytest.mark.parametrize("script, flags, message", [
     ("nodes.py", ["--max-restarts", "-1", "ddp_mnist.py"], "--max-restarts: must be an integer >= 0"),
     ("nodes.py", ["--rdzv-endpoint", "localhost", "ddp_mnist.py"], "expected host:port"),
-    ("nodes.py", ["--rdzv-endpoint", "127.0.0.1:70000", "ddp_mnist.py"], "expected host:port"),
     ("elastic_mnist.py", ["--steps", "50", "--kill-at-step", "51"], "--kill-at-step 51 is beyond the run's"),
     ("elastic_mnist.py", ["--world-size", "2", "--kill-rank", "2"], "--kill-rank 2 does not exist"),
-], ids=["negative-restarts", "endpoint-without-port", "port-out-of-range", "kill-beyond-run", "kill-rank-missing"])
+], ids=["negative-restarts", "endpoint-without-port", "kill-beyond-run", "kill-rank-missing"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, script, flags, message):
     start = time.perf_counter()
     with pytest.raises(ScriptError) as failure:
