@@ -1,0 +1,150 @@
+"""Lesson 07 (scaling out, surviving faults): the notebook's scripts, run for real with small settings.
+
+The two-node equality, the kill-and-resume run and the collective mismatch run in the notebook itself (quick
+profile), with their check cells; here: the kill in the middle of a save, the batch script, the bad flags.
+"""
+
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+
+import psutil
+import pytest
+import torch
+from conftest import notebook_scripts
+
+import helpers.launch
+from helpers.launch import ScriptError, run_script
+
+NOTEBOOK = "07_scaling_faults.ipynb"
+TRAIN = ["--world-size", 2, "--steps", 30, "--checkpoint-every", 10, "--batch-size", 32, "--train-samples", 512,
+         "--seed", 3, "--backend", "gloo", "--device", "cpu"]
+
+# Runs a script; on its first attempt, rank 0 dies by SIGKILL half-way through writing its N-th checkpoint.
+DIE_IN_SAVE = """
+import io, os, runpy, signal, sys
+import torch
+nth, script = int(sys.argv[1]), sys.argv[2]
+sys.argv = sys.argv[2:]
+real_save, saves = torch.save, 0
+
+def save(obj, f, *args, **kwargs):
+    global saves
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if os.environ.get("RANK") == "0" and first_attempt and hasattr(f, "write"):
+        saves += 1
+        if saves == nth:
+            whole = io.BytesIO()
+            real_save(obj, whole, *args, **kwargs)
+            f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_save(obj, f, *args, **kwargs)
+
+torch.save = save
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    """Lesson 07's scripts next to lesson 01's, which elastic_mnist.py imports its model from."""
+    folder = tmp_path_factory.mktemp("lesson07")
+    for name, source in {**notebook_scripts("01_ddp.ipynb"), **notebook_scripts(NOTEBOOK)}.items():
+        (folder / name).write_text(source)
+    (folder / "die_in_save.py").write_text(DIE_IN_SAVE)
+    return folder
+
+
+def run(scripts, name, *flags, **kwargs):
+    return run_script(scripts / name, *flags, echo=False, timeout=kwargs.pop("timeout", 180), **kwargs)
+
+
+def leftovers(folder):
+    """Processes still running one of this module's scripts (torchrun's workers included, wherever reparented)."""
+    mine = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and any(str(folder) in part for part in p.info["cmdline"] or []):
+            mine.append(p.info["cmdline"])
+    return mine
+
+
+@pytest.fixture(scope="module")
+def undisturbed(scripts, tmp_path_factory):
+    """Final weights of an undisturbed run, started without torchrun."""
+    folder = tmp_path_factory.mktemp("undisturbed")
+    run(scripts, "elastic_mnist.py", *TRAIN, "--run-dir", folder)
+    return torch.load(folder / "final.pt")
+
+
+def test_killed_in_the_middle_of_a_save_the_job_resumes_from_the_previous_checkpoint(scripts, undisturbed, tmp_path):
+    # two nodes, no restarts: rank 0 dies writing checkpoint 2 (step 20) and the whole job ends
+    with pytest.raises(ScriptError):
+        run(scripts, "nodes.py", "--nnodes", 2, "--nproc-per-node", 1, "--max-restarts", 0,
+            scripts / "die_in_save.py", 2, scripts / "elastic_mnist.py", *TRAIN, "--run-dir", tmp_path)
+    assert not leftovers(scripts), leftovers(scripts)
+    (half_written,) = tmp_path.glob(".checkpoint.pt.*.tmp")  # the save really was cut short ...
+    with pytest.raises(Exception):  # noqa: B017 (torch raises several types for a truncated file)
+        torch.load(half_written)
+    assert torch.load(tmp_path / "checkpoint.pt")["step"] == 10  # ... and the file on disk is the previous one
+
+    out = run(scripts, "elastic_mnist.py", *TRAIN, "--run-dir", tmp_path).output  # the same command resumes
+    assert "resumed after step 10" in out
+    final = torch.load(tmp_path / "final.pt")
+    assert final.keys() == undisturbed.keys()
+    assert all(torch.equal(final[k], undisturbed[k]) for k in final), "it must end where an undisturbed run does"
+
+
+def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_every_node(scripts, tmp_path):
+    flags = ["--world-size", 8, "--epochs", 2, "--run-dir", "runs/x y"]
+    run(scripts, "nodes.py", "--sbatch", tmp_path / "job.sbatch", "--nnodes", 4, "--nproc-per-node", 2,
+        "--max-restarts", 3, "--time", "01:30:00", "ddp_mnist.py", *flags, cwd=scripts)
+    job = tmp_path / "job.sbatch"
+    assert subprocess.run(["bash", "-n", job]).returncode == 0
+    assert "#SBATCH --nodes=4" in job.read_text() and "#SBATCH --time=01:30:00" in job.read_text()
+    for stand_in, body in {"srun": 'printf "%s\\n" "$@"', "scontrol": 'printf "n1\\nn2\\nn3\\nn4\\n"'}.items():
+        (tmp_path / stand_in).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / stand_in).chmod(0o755)
+    slurm = {"SLURM_JOB_NODELIST": "n[1-4]", "SLURM_NNODES": "4", "SLURM_JOB_ID": "123",
+             "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    argv = subprocess.run(["bash", job], env={**os.environ, **slurm}, capture_output=True, text=True,
+                          check=True, timeout=30).stdout.splitlines()
+    assert argv == ["torchrun", "--nnodes", "4", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "n1:20123", "--rdzv-id", "123", "--max-restarts", "3", "ddp_mnist.py",
+                    *map(str, flags)], shlex.join(argv)
+
+
+def run_in_this_process(scripts, name, *flags):
+    """Run a script's main() here, as `python name flags` would; launch() must not be reached."""
+    def no_launch(*args, **kwargs):
+        raise AssertionError(f"{name} {flags} got past its flag checks to launch()")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(scripts))
+        patch.chdir(scripts)
+        patch.setattr(sys, "argv", [name, *map(str, flags)])
+        patch.setattr(helpers.launch, "launch", no_launch)
+        runpy.run_path(str(scripts / name), run_name="__main__")
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("nodes.py", ["--max-restarts", "-1", "ddp_mnist.py"], "--max-restarts: must be an integer >= 0"),
+    ("nodes.py", ["--rdzv-endpoint", "localhost", "ddp_mnist.py"], "expected host:port"),
+    ("nodes.py", ["--rdzv-endpoint", "127.0.0.1:0", "ddp_mnist.py"], "expected host:port"),
+    ("nodes.py", ["no_such_script.py"], "no script at no_such_script.py"),
+    ("elastic_mnist.py", ["--steps", "50", "--kill-at-step", "51"], "--kill-at-step 51 is beyond the run's"),
+    ("elastic_mnist.py", ["--world-size", "2", "--kill-at-step", "5", "--kill-rank", "2"],
+     "--kill-rank 2 does not exist"),
+    ("elastic_mnist.py", ["--world-size", "3", "--batch-size", "64"], "must be a multiple of --world-size 3"),
+    ("desync.py", ["--timeout", "0"], "--timeout: must be a finite number <= 3600 and > 0, got 0"),
+], ids=["negative-restarts", "endpoint-without-port", "endpoint-port-zero", "no-script", "kill-beyond-run",
+        "kill-rank-missing", "batch-not-divisible", "zero-timeout"])
+def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, capsys, script, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        run_in_this_process(scripts, script, *flags)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1], err
+    assert not leftovers(scripts)
