@@ -1,0 +1,98 @@
+"""Lesson 04 (pipeline parallelism): the notebook's scripts, run for real on tiny images."""
+
+import pytest
+from conftest import notebook_scripts
+
+from helpers.launch import ScriptError, run_script
+from helpers.metrics import read_metrics
+
+NOTEBOOK = "04_pipeline.ipynb"
+SIZES = ["--image-size", 32, "--batch-size", 8, "--seed", 3]
+TIMING = ["--micro-batches", 1, 2, "--batches", 1, "--warmup", 1]
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lesson04")
+    paths = {}
+    for name, source in notebook_scripts(NOTEBOOK).items():
+        paths[name] = folder / name
+        paths[name].write_text(source)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def run(scripts, tmp_path_factory):
+    """``run(script, *flags)`` -> the records it wrote; each distinct run is made once per module."""
+    done = {}
+
+    def get(name, *flags):
+        key = (name, *map(str, flags))
+        if key not in done:
+            folder = tmp_path_factory.mktemp(name.removesuffix(".py"))
+            run_script(scripts[name], *flags, "--run-dir", folder, echo=False, timeout=180)
+            done[key] = read_metrics(folder)
+        return done[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def check(run):
+    return {r["batchnorm"]: r for r in run("pipeline_check.py", *SIZES, "--micro-batches", 2)}
+
+
+def test_one_pipelined_step_changes_the_weights_of_both_shards(check):
+    for r in check.values():
+        assert min(r["change"]) > 1e-4, r
+        assert not any(r["grads_in_dot_grad"]), "distributed backward filled .grad"
+
+
+def test_pipelined_step_equals_whole_model_step_with_running_statistics(check):
+    assert check["eval"]["micro_batches"] == 2
+    assert check["eval"]["max_diff"] < 1e-5, check["eval"]
+
+
+def test_batchnorm_in_training_mode_makes_the_pipelined_step_differ(check):
+    assert check["train"]["max_diff"] > 1e-3, check["train"]
+
+
+def test_timeline_holds_one_forward_and_one_backward_per_micro_batch_on_each_shard(run):
+    records = [r for r in run("pipeline_rpc.py", *SIZES, *TIMING) if "micro_batches" in r]
+    assert [r["micro_batches"] for r in records] == [1, 2]
+    for r in records:
+        for shard, trace in enumerate(r["trace"]):
+            phases = sorted((phase, k) for k, phase, _, _ in trace)
+            numbers = sorted({k for _, k in phases})
+            assert len(numbers) == r["micro_batches"], trace
+            assert phases == sorted((p, k) for p in ("backward", "forward") for k in numbers), trace
+            assert all(r["start"] <= begin <= end for _, _, begin, end in trace), trace
+            assert 0 < r["busy"][shard] <= r["seconds"], r
+
+
+def test_rpc_pipeline_pipelining_and_one_process_compute_the_same_loss(run):
+    rpc = [r for r in run("pipeline_rpc.py", *SIZES, *TIMING) if r.get("micro_batches") == 1]
+    gpipe = [r for r in run("pipeline_pp.py", *SIZES, *TIMING) if r["rank"] == 1 and r["micro_batches"] == 1]
+    single = run("single_process.py", *SIZES, "--threads", 1, "--batches", 1, "--warmup", 1)
+    losses = [rpc[0]["loss"], gpipe[0]["loss"], single[0]["loss"]]
+    assert max(losses) - min(losses) < 1e-4, losses
+
+
+def test_pipelining_logs_every_micro_batch_count_on_both_ranks(run):
+    records = run("pipeline_pp.py", *SIZES, *TIMING)
+    assert sorted((r["rank"], r["micro_batches"]) for r in records) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert all(r["seconds"] > 0 for r in records)
+
+
+# the notebook's last section shows five more (micro-batch counts, BatchNorm, split, world size, 1F1B)
+@pytest.mark.parametrize("name, flags, message", [
+    ("pipeline_rpc.py", ["--micro-batches", "0"], "must be an integer >= 1, got 0"),
+    ("pipeline_pp.py", ["--image-size", "16"], "must be an integer >= 32 and <= 1024, got 16"),
+    ("single_process.py", ["--threads", "0"], "must be an integer >= 1 and <= 64, got 0"),
+], ids=["no-micro-batch", "image-too-small", "no-threads"])
+def test_bad_input_is_a_one_line_error_before_spawning(scripts, name, flags, message):
+    with pytest.raises(ScriptError) as failed:
+        run_script(scripts[name], *flags, echo=False, timeout=60)
+    first_line = str(failed.value).splitlines()[0]
+    assert "exit code 2" in first_line and message in first_line, first_line
+    assert "[rank" not in str(failed.value), "a worker was spawned"
