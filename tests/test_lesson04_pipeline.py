@@ -70,12 +70,11 @@ def test_timeline_holds_one_forward_and_one_backward_per_micro_batch_on_each_sha
             assert 0 < r["busy"][shard] <= r["seconds"], r
 
 
-def test_rpc_pipeline_pipelining_and_one_process_compute_the_same_loss(run):
+def test_rpc_pipeline_and_pipelining_compute_the_same_loss(run):
+    # (the notebook checks the single process against both)
     rpc = [r for r in run("pipeline_rpc.py", *SIZES, *TIMING) if r.get("micro_batches") == 1]
     gpipe = [r for r in run("pipeline_pp.py", *SIZES, *TIMING) if r["rank"] == 1 and r["micro_batches"] == 1]
-    single = run("single_process.py", *SIZES, "--threads", 1, "--batches", 1, "--warmup", 1)
-    losses = [rpc[0]["loss"], gpipe[0]["loss"], single[0]["loss"]]
-    assert max(losses) - min(losses) < 1e-4, losses
+    assert abs(rpc[0]["loss"] - gpipe[0]["loss"]) < 1e-4, (rpc, gpipe)
 
 
 def test_pipelining_logs_every_micro_batch_count_on_both_ranks(run):
