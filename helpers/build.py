@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
 # minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
 BUDGET_MINUTES = {"00": 1, "01": 4, "02": 6, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3}
 
@@ -29,6 +31,39 @@ BUDGET_MINUTES = {"00": 1, "01": 4, "02": 6, "03": 3, "04": 5, "05": 5, "06": 2,
 def terminal_log(out: Path, stem: str) -> Path:
     """Where a lesson's kernel and its child processes write what does not go to the notebook."""
     return out / "logs" / f"{stem}.log"
+
+
+def runs(cell) -> bool:
+    """True for a cell that a kernel executes: a code cell with some source."""
+    return cell["cell_type"] == "code" and bool("".join(cell["source"]).strip())
+
+
+def notebook_scripts(notebook) -> dict[str, str]:
+    """``{file name: source}`` of every ``%%writefile`` cell of a lesson, in cell order.
+
+    ``notebook`` is a path, or a lesson's file name in ``notebooks/`` (e.g. ``"01_ddp.ipynb"``).
+    """
+    path = Path(notebook) if Path(notebook).is_file() else NOTEBOOKS / notebook
+    scripts = {}
+    for cell in json.loads(path.read_text())["cells"]:
+        source = "".join(cell["source"])
+        match = WRITEFILE.match(source)
+        if cell["cell_type"] == "code" and match:
+            scripts[Path(match.group(1)).name] = source[match.end():]
+    return scripts
+
+
+def write_lesson_scripts(notebook, folder="scripts") -> list[Path]:
+    """Write a lesson's ``%%writefile`` scripts into ``folder``, as running its cells would; return their paths.
+
+    Lets one lesson run another's scripts without the learner having run that lesson first.
+    """
+    written = []
+    for name, source in notebook_scripts(notebook).items():
+        written.append(Path(folder, name))
+        written[-1].parent.mkdir(parents=True, exist_ok=True)
+        written[-1].write_text(source)
+    return written
 
 
 class Progress:
@@ -46,7 +81,9 @@ class Progress:
     def line(self) -> str:
         return f"  {self.stem}: cell {self.cell}/{self.cells}, {time.perf_counter() - self.start:.0f} s"
 
-    def cell_started(self, **_) -> None:
+    def cell_started(self, cell=None, **_) -> None:
+        if cell is not None and not runs(cell):  # nbclient calls this for markdown and empty cells too
+            return
         self.cell += 1
         if not self.tty and time.perf_counter() - self.last_print >= self.every:
             self.last_print = time.perf_counter()
@@ -75,7 +112,7 @@ def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, 
 
     nb = nbformat.read(notebook, as_version=4)
     os.environ["COURSE_RUNS"] = str((out / "runs" / notebook.stem).resolve())
-    progress = Progress(notebook.stem, sum(c.cell_type == "code" for c in nb.cells))
+    progress = Progress(notebook.stem, sum(map(runs, nb.cells)))
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(notebook.parent)}},
                                      on_cell_start=progress.cell_started)

@@ -50,6 +50,8 @@ def _normalise(images: np.ndarray | torch.Tensor, labels) -> TensorDataset:
 
 
 def _torchvision_mnist(root: Path, online: bool) -> MNIST | None:
+    if not online and not (root / "MNIST" / "raw").is_dir():
+        return None  # nothing on disk and no download: importing torchvision would cost a second for nothing
     from torchvision import datasets
 
     def load(download):

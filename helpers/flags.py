@@ -2,6 +2,7 @@
 
     parser.add_argument("--world-size", type=integer(low=2), default=3)
     parser.add_argument("--lr", type=number(above=0), default=0.1)
+    parser.add_argument("--run-dir", type=folder, default="runs/x")
     add_device_flags(parser)                      # --backend, --device
     args = parser.parse_args()
     placement = check_placement(parser, args, args.world_size)
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from helpers.launch import BACKENDS, DEVICES, Placement, pick_backend, ranks_per_machine
 
@@ -43,6 +46,21 @@ def number(low: float | None = None, high: float | None = None, *, above: float 
             raise argparse.ArgumentTypeError(f"must be a finite number {domain}".rstrip() + f", got {text}")
         return value
     return parse
+
+
+def folder(text: str) -> Path:
+    """An argparse ``type``: a folder, created with its parents if missing; one that cannot be made is refused.
+
+    argparse applies it to a string default too, so the default folder is created at parse time.
+    """
+    path = Path(text)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot create folder {text!r} ({e.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {text!r} is not writable")
+    return path
 
 
 def _domain(low, high, ge: str, le: str) -> str:

@@ -39,7 +39,11 @@ class WorkerError(RuntimeError):
 
 
 class ScriptError(RuntimeError):
-    """A script started by :func:`run_script` failed; the message holds its traceback."""
+    """A script started by :func:`run_script` failed; the message holds its traceback, ``output`` all it printed."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
 
 
 class ScriptTimeout(ScriptError):
@@ -278,6 +282,9 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     if world_size != started:
         raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
     _prepare_process(threads)
+    if os.environ.get("MASTER_ADDR") in LOOPBACK:  # a one-machine torchrun run: keep gloo and TensorPipe there too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),
               "env://", "env://", placement), *args)
@@ -324,7 +331,7 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
             left = timeout - (time.perf_counter() - start)
             if left <= 0:
                 raise ScriptTimeout(f"{path.name} did not finish within {timeout:g} s and was killed:\n"
-                                    + "".join(lines[-20:]))
+                                    + "".join(lines[-20:]), "".join(lines))
             try:
                 line = pipe.get(timeout=min(left, 1.0))
             except queue.Empty:
@@ -339,7 +346,7 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
         kill_group(proc)
     output = "".join(lines)
     if code != 0:
-        raise ScriptError(_failure_message(path.name, code, output))
+        raise ScriptError(_failure_message(path.name, code, output), output)
     return ScriptRun(output, time.perf_counter() - start)
 
 

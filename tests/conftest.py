@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 
 import psutil
 import pytest
 
+from helpers.build import notebook_scripts  # the lesson tests import it from here too
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
-
-
-def notebook_scripts(notebook: str | Path) -> dict[str, str]:
-    """``{file name: source}`` of every ``%%writefile`` cell in a notebook, in cell order."""
-    cells = json.loads(Path(NOTEBOOKS, notebook).read_text())["cells"]
-    scripts = {}
-    for cell in cells:
-        source = "".join(cell["source"])
-        match = WRITEFILE.match(source)
-        if cell["cell_type"] == "code" and match:
-            scripts[Path(match.group(1)).name] = source[match.end():]
-    return scripts
 
 
 @pytest.fixture

@@ -88,3 +88,27 @@ def test_unknown_profile_is_refused(monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "fast")
     with pytest.raises(ValueError, match="COURSE_PROFILE='fast': set it to 'full' or 'quick'"):
         helpers.course_profile()
+
+
+def test_progress_counts_code_cells_only():
+    import io
+
+    import nbformat
+
+    from helpers.build import Progress
+
+    progress = Progress("99_tiny", cells=2, stream=io.StringIO())
+    progress.cell_started(cell=nbformat.v4.new_markdown_cell("# title"))
+    progress.cell_started(cell=nbformat.v4.new_code_cell("   "))  # nbclient skips empty cells
+    progress.cell_started(cell=nbformat.v4.new_code_cell("x = 1"))
+    assert progress.line().startswith("  99_tiny: cell 1/2,")
+
+
+def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
+    from helpers.build import notebook_scripts, write_lesson_scripts
+
+    written = write_lesson_scripts("01_ddp.ipynb", tmp_path / "scripts")
+    assert "ddp_mnist.py" in [p.name for p in written]
+    assert (tmp_path / "scripts" / "ddp_mnist.py").read_text() == notebook_scripts("01_ddp.ipynb")["ddp_mnist.py"]
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    assert write_lesson_scripts(tmp_path / "99_tiny.ipynb", tmp_path / "none") == []

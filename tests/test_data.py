@@ -1,6 +1,7 @@
 """helpers.data: the shipped MNIST subset is real, balanced and documented; the source is announced."""
 
 import hashlib
+import os
 import re
 import shutil
 
@@ -41,3 +42,15 @@ def test_quiet_load_prints_nothing(monkeypatch, capsys):
 def test_missing_data_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="data folder .*missing.* does not exist"):
         load_mnist(tmp_path / "missing")
+
+
+def test_offline_load_does_not_import_torchvision(tmp_path):
+    import subprocess
+    import sys
+
+    shutil.copy(DATA_DIR / SUBSET, tmp_path)
+    probe = (f"import sys; from helpers.data import load_mnist; d = load_mnist({str(tmp_path)!r}, verbose=False); "
+             "print(len(d.train), 'torchvision' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COURSE_OFFLINE": "1"})
+    assert done.stdout.split() == ["4000", "False"], done.stdout + done.stderr

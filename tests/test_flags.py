@@ -4,13 +4,13 @@ import argparse
 
 import pytest
 
-from helpers.flags import add_device_flags, check_placement, integer, number
+from helpers.flags import add_device_flags, check_placement, folder, integer, number
 
 
 def parser_with(**types):
     parser = argparse.ArgumentParser(prog="script.py")
     for name, kind in types.items():
-        parser.add_argument(f"--{name}", type=kind)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind)
     return parser
 
 
@@ -49,3 +49,10 @@ def test_impossible_device_choice_exits_before_anything_starts(capsys):
         check_placement(parser, args, world_size=2)
     assert "error: backend 'nccl' needs one GPU per rank" in capsys.readouterr().err
     assert check_placement(parser, parser.parse_args(["--device", "cpu"]), 2).device_type == "cpu"
+
+
+def test_run_folder_is_created_or_refused_in_one_line(tmp_path, capsys):
+    parser = parser_with(run_dir=folder)
+    assert parser.parse_args(["--run-dir", str(tmp_path / "a" / "b")]).run_dir.is_dir()
+    assert refusal(parser, ["--run-dir", "/proc/no/such"], capsys).startswith(
+        "script.py: error: argument --run-dir: cannot create folder '/proc/no/such'")

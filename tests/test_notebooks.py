@@ -32,3 +32,18 @@ def test_scripts_are_written_to_the_ignored_scripts_folder(path):
     sources = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]]
     targets = [s.split()[1] for s in sources if s.startswith("%%writefile")]
     assert all(t.startswith("scripts/") for t in targets), targets
+
+
+def test_every_lesson_script_passes_the_linter(tmp_path):
+    """ruff skips %%writefile cells in notebooks, so the scripts they write are linted here."""
+    import subprocess
+    import sys
+
+    from helpers.build import write_lesson_scripts
+
+    for path in NOTEBOOKS:
+        write_lesson_scripts(path, tmp_path / path.stem)
+    config = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--config", str(config), "--ignore", "W292",
+                           "--output-format", "concise", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

@@ -93,4 +93,5 @@ def test_exit_code_and_last_line_head_the_error(tmp_path):
     with pytest.raises(ScriptError) as failed:
         run_script(probe, echo=False)
     assert str(failed.value) == "probe.py failed with exit code 1: bad thing happened"
+    assert failed.value.output == "working\nbad thing happened\n", "all it printed, stderr too, travels with it"
     assert os.path.exists(probe)

@@ -1,0 +1,181 @@
+"""Lesson 05: the RPC parameter server (rpc_ps.py) and the synchronous one (sync_ps.py), run for real.
+
+The notebook's quick run checks the plots' data (naive race, 1 and 2 trainers, lockstep and backup
+workers); these tests add a run under torchrun with backup workers, fp16 and a straggler, a versioned
+RPC run, and the bad input of both scripts.
+"""
+
+import sys
+
+import pytest
+import torch
+from conftest import notebook_scripts
+
+from helpers.data import load_mnist
+from helpers.launch import ScriptError, run_script
+from helpers.metrics import read_metrics
+
+NOTEBOOK = "05_parameter_server.ipynb"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+STEPS, EVAL_FREQ, SLOW_MS = 16, 4, 30
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lesson05_scripts")
+    for name, source in notebook_scripts(NOTEBOOK).items():
+        (folder / name).write_text(source)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def modules(scripts):
+    """The scripts imported here: bad flags are tried on their main() in this process; ps_nets scores weights."""
+    sys.path.insert(0, str(scripts))
+    import ps_nets
+    import rpc_ps
+    import sync_ps
+
+    yield {"rpc_ps.py": rpc_ps, "sync_ps.py": sync_ps, "ps_nets": ps_nets}
+    sys.path.remove(str(scripts))
+    for name in ("rpc_ps", "sync_ps", "ps_nets"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def accuracy_of(modules):
+    """``accuracy_of(state_dict)``: LeNet's test accuracy with these weights, in eval mode, on one thread."""
+    test = load_mnist(download=False, verbose=False).test
+
+    def score(state):
+        model = modules["ps_nets"].NETWORKS["lenet"]()
+        model.load_state_dict(state)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in the server and the evaluator: the same order of sums
+        try:
+            return modules["ps_nets"].accuracy(model, test)
+        finally:
+            torch.set_num_threads(threads)
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def sync_run(scripts, tmp_path_factory):
+    """sync_ps.py under torchrun: a server, 2 workers (worker 1 slowed), 1 backup worker, fp16, an evaluator."""
+    folder = tmp_path_factory.mktemp("sync_ps")
+    run_script(scripts / "sync_ps.py", "--world-size", 4, "--backup-workers", 1, "--compress", "fp16",
+               "--straggler-ms", SLOW_MS, "--max-steps", STEPS, "--eval-freq", EVAL_FREQ, "--lr", 0.05,
+               "--run-dir", folder, "--train-dir", folder / "train", command=TORCHRUN, echo=False, timeout=180)
+    records = read_metrics(folder)
+    return dict(folder=folder, steps=[r for r in records if r["rank"] == 0 and not r.get("summary")],
+                summary=next(r for r in records if r.get("summary")),
+                evaluator=[r for r in records if r["rank"] == 3])
+
+
+def test_evaluator_outside_the_group_scores_every_checkpoint_once(sync_run):
+    saved = sorted(int(p.stem.split("-")[1]) for p in (sync_run["folder"] / "train").glob("ckpt-*.pt"))
+    assert saved == [r["step"] for r in sync_run["evaluator"]] == list(range(0, STEPS + 1, EVAL_FREQ))
+    assert sync_run["summary"]["group_size"] == 3, "only the server and the workers form the process group"
+    assert not list((sync_run["folder"] / "train").glob(".*")), "a temporary checkpoint file was left"
+
+
+def test_checkpoints_load_and_give_the_evaluators_accuracy(sync_run, accuracy_of):
+    for record in sync_run["evaluator"]:
+        checkpoint = torch.load(sync_run["folder"] / "train" / record["checkpoint"])
+        assert checkpoint["step"] == record["step"] and checkpoint["final"] == (record["step"] == STEPS)
+        assert accuracy_of(checkpoint["model"]) == record["accuracy"]
+    accuracies = [r["accuracy"] for r in sync_run["evaluator"]]
+    assert accuracies[-1] > accuracies[0], accuracies
+
+
+def test_backup_worker_never_applies_a_late_gradient_to_another_step(sync_run):
+    assert [r["step"] for r in sync_run["steps"]] == list(range(1, STEPS + 1))
+    for r in sync_run["steps"]:
+        assert len(r["used"]) == 1, "2 workers, 1 backup worker: one gradient per step"
+        assert all(step < r["step"] for _, step in r["late"]), r
+    late = [w for r in sync_run["steps"] for w, _ in r["late"]]
+    assert late and set(late) <= {1, 2}, "the slowed worker's gradients came late and were dropped"
+
+
+def test_fp16_compression_halves_the_gradient_bytes(sync_run):
+    state = torch.load(sync_run["folder"] / "train" / f"ckpt-{STEPS:06d}.pt")["model"]
+    parameters = sum(t.numel() for t in state.values())
+    for r in sync_run["steps"]:
+        gradients = len(r["used"]) + len(r["late"])
+        assert r["bytes_received"] == gradients * (2 * 8 + 2 * parameters), r
+        assert r["bytes_sent"] % (4 * (1 + parameters)) == 0, "weights go down in float32"
+
+
+@pytest.fixture(scope="module")
+def rpc_run(scripts, tmp_path_factory):
+    """rpc_ps.py, versioned design: a server and 2 trainers, one pass over their shards."""
+    folder = tmp_path_factory.mktemp("rpc_ps")
+    run_script(scripts / "rpc_ps.py", "--world-size", 3, "--epochs", 1, "--eval-freq", 40, "--run-dir", folder,
+               echo=False, timeout=180)
+    records = read_metrics(folder)
+    return dict(folder=folder, trainers=[r for r in records if r["rank"] > 0],
+                server=[r for r in records if r["rank"] == 0])
+
+
+def test_versioned_server_applies_each_gradient_once_at_a_known_version(rpc_run):
+    final = next(r for r in rpc_run["server"] if r.get("final"))
+    assert final["step"] == final["trainer_steps"] == len(rpc_run["trainers"])
+    # an update computed at version v with staleness s was update number v + s: each number exactly once
+    assert sorted(r["version"] + r["staleness"] for r in rpc_run["trainers"]) == list(range(final["step"]))
+    assert {r["rank"] for r in rpc_run["trainers"]} == {1, 2}
+    assert max(r["staleness"] for r in rpc_run["trainers"]) > 0, "the two trainers never overlapped"
+
+
+def test_rpc_server_evaluates_in_eval_mode_and_learns(rpc_run, accuracy_of):
+    final = next(r for r in rpc_run["server"] if r.get("final"))
+    state = torch.load(rpc_run["folder"] / "final.pt")
+    assert accuracy_of(state) == final["accuracy"]
+    assert final["accuracy"] > rpc_run["server"][0]["accuracy"] + 0.2, rpc_run["server"]
+
+
+def written_checkpoint(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "ckpt-000010.pt").write_bytes(b"")
+    return tmp_path / "old"
+
+
+BAD_FLAGS = [
+    ("rpc_ps.py", ["--world-size", "1"], "--world-size 1 is below the roles"),
+    ("rpc_ps.py", ["--network", "vgg"], "invalid choice: 'vgg'"),
+    ("rpc_ps.py", ["--world-size", "3", "--batch-size", "3000"], "is more than each trainer's"),
+    ("rpc_ps.py", ["--eval-freq", "0"], "--eval-freq: must be an integer >= 1, got 0"),
+    ("rpc_ps.py", ["--lr", "0"], "--lr: must be a finite number"),
+    ("sync_ps.py", ["--world-size", "2"], "--world-size 2 is below the roles"),
+    ("sync_ps.py", ["--network", "vgg"], "invalid choice: 'vgg'"),
+    ("sync_ps.py", ["--train-dir", "{file}/train"], "cannot be written"),
+    ("sync_ps.py", ["--train-dir", "{old}"], "holds checkpoints of an earlier run"),
+    ("sync_ps.py", ["--world-size", "4", "--backup-workers", "2"], "--backup-workers 2 leaves no gradient"),
+    ("sync_ps.py", ["--eval-freq", "0"], "--eval-freq: must be an integer >= 1, got 0"),
+    ("sync_ps.py", ["--compress", "int8"], "invalid choice: 'int8'"),
+    ("sync_ps.py", ["--momentum", "1"], "--momentum: must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("script, flags, message", BAD_FLAGS, ids=[f"{s[:-3]}:{' '.join(f)}" for s, f, _ in BAD_FLAGS])
+def test_bad_flags_are_refused_in_one_line_before_spawning(modules, script, flags, message, tmp_path, monkeypatch,
+                                                           capsys):
+    (tmp_path / "file").write_text("")
+    flags = [f.format(file=tmp_path / "file", old=written_checkpoint(tmp_path) if "{old}" in f else "")
+             for f in flags]
+    if script == "sync_ps.py" and "--train-dir" not in flags:
+        flags += ["--train-dir", str(tmp_path / "train")]
+    module = modules[script]
+    monkeypatch.setattr(module, "launch", lambda *a, **k: pytest.fail(f"{script} {flags} spawned workers"))
+    with pytest.raises(SystemExit) as refused:
+        module.main([*flags, "--run-dir", str(tmp_path / "runs")])
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert refused.value.code == 2 and message in last_line, last_line
+
+
+def test_bad_flag_on_the_command_line_exits_2_without_starting_a_worker(scripts):
+    with pytest.raises(ScriptError) as refused:
+        run_script(scripts / "sync_ps.py", "--world-size", 4, "--backup-workers", 2, echo=False, timeout=60)
+    first_line = str(refused.value).splitlines()[0]
+    assert "exit code 2" in first_line and "leaves no gradient" in first_line, str(refused.value)
+    assert "[rank" not in str(refused.value) and "Traceback" not in str(refused.value)
