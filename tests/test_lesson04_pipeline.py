@@ -1,9 +1,12 @@
 """Lesson 04 (pipeline parallelism): the notebook's scripts, run for real on tiny images."""
 
+import importlib
+import sys
+
 import pytest
 from conftest import notebook_scripts
 
-from helpers.launch import ScriptError, run_script
+from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
 
 NOTEBOOK = "04_pipeline.ipynb"
@@ -81,6 +84,18 @@ def test_pipelining_logs_every_micro_batch_count_on_both_ranks(run):
     records = run("pipeline_pp.py", *SIZES, *TIMING)
     assert sorted((r["rank"], r["micro_batches"]) for r in records) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["seconds"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("gpus, expected", [
+    (0, ["cpu", "cpu"]), (1, ["cuda:0", "cuda:0"]), (2, ["cuda:0", "cuda:1"]), (4, ["cuda:0", "cuda:1"]),
+])
+def test_rpc_shards_take_a_gpu_each_share_one_or_stay_on_the_cpu(scripts, monkeypatch, gpus, expected):
+    # the GPU paths cannot run here: check the choice the master makes from the placement launch gives it
+    monkeypatch.syspath_prepend(str(scripts["pipeline_rpc.py"].parent))
+    monkeypatch.delitem(sys.modules, "pipeline_rpc", raising=False)
+    pipeline_rpc = importlib.import_module("pipeline_rpc")
+    assert pipeline_rpc.shard_devices(pick_backend("auto", 3, "auto", gpus=gpus)) == expected
+    assert pipeline_rpc.shard_devices(pick_backend("auto", 3, "cpu", gpus=gpus)) == ["cpu", "cpu"]
 
 
 # the notebook's last section shows five more (micro-batch counts, BatchNorm, split, world size, 1F1B)
