@@ -1,12 +1,13 @@
 """Lesson 04 (pipeline parallelism): the notebook's scripts, run for real on tiny images."""
 
 import importlib
+import runpy
 import sys
 
 import pytest
 from conftest import notebook_scripts
 
-from helpers.launch import ScriptError, pick_backend, run_script
+from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
 
 NOTEBOOK = "04_pipeline.ipynb"
@@ -98,15 +99,35 @@ def test_rpc_shards_take_a_gpu_each_share_one_or_stay_on_the_cpu(scripts, monkey
     assert pipeline_rpc.shard_devices(pick_backend("auto", 3, "cpu", gpus=gpus)) == ["cpu", "cpu"]
 
 
-# the notebook's last section shows five more (micro-batch counts, BatchNorm, split, world size, 1F1B)
+def run_in_this_process(scripts, name, *flags):
+    """Run a script's main() here, as `python name flags` would, with launch() replaced by a tripwire."""
+    def spawned(*args, **kwargs):
+        raise AssertionError(f"{name} reached launch() with {flags}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(scripts[name].parent))
+        patch.setattr(sys, "argv", [name, *map(str, flags)])
+        patch.setattr("helpers.launch.launch", spawned)
+        runpy.run_path(str(scripts[name]), run_name="__main__")
+
+
+# in this process (no interpreter start per case); the notebook's last section runs five of them as scripts
 @pytest.mark.parametrize("name, flags, message", [
-    ("pipeline_rpc.py", ["--micro-batches", "0"], "must be an integer >= 1, got 0"),
-    ("pipeline_pp.py", ["--image-size", "16"], "must be an integer >= 32 and <= 1024, got 16"),
-    ("single_process.py", ["--threads", "0"], "must be an integer >= 1 and <= 64, got 0"),
-], ids=["no-micro-batch", "image-too-small", "no-threads"])
-def test_bad_input_is_a_one_line_error_before_spawning(scripts, name, flags, message):
-    with pytest.raises(ScriptError) as failed:
-        run_script(scripts[name], *flags, echo=False, timeout=60)
-    first_line = str(failed.value).splitlines()[0]
-    assert "exit code 2" in first_line and message in first_line, first_line
-    assert "[rank" not in str(failed.value), "a worker was spawned"
+    ("pipeline_rpc.py", ["--batch-size", 4, "--micro-batches", 8], "--micro-batches 8 is more than the 4 samples"),
+    ("pipeline_check.py", ["--image-size", 32, "--batch-size", 8, "--micro-batches", 8],
+     "leave BatchNorm one value per channel in layer4"),
+    ("pipeline_pp.py", ["--split", "layer5"], "invalid choice: 'layer5'"),
+    ("pipeline_rpc.py", ["--world-size", 2], "--world-size 2: this pipeline has 3 roles"),
+    ("pipeline_pp.py", ["--world-size", 3], "--world-size 3: this pipeline has 2 stages"),
+    ("pipeline_pp.py", ["--schedule", "1f1b", "--micro-batches", 1], "1f1b needs at least as many micro-batches"),
+    ("pipeline_rpc.py", ["--micro-batches", 0], "must be an integer >= 1, got 0"),
+    ("pipeline_pp.py", ["--image-size", 16], "must be an integer >= 32 and <= 1024, got 16"),
+    ("single_process.py", ["--threads", 0], "must be an integer >= 1 and <= 64, got 0"),
+], ids=["more-micro-batches-than-samples", "batchnorm-one-value", "unknown-split", "rpc-world-size",
+        "pp-world-size", "1f1b-one-micro-batch", "no-micro-batch", "image-too-small", "no-threads"])
+def test_bad_input_is_a_one_line_error_before_spawning(scripts, tmp_path, capsys, name, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        run_in_this_process(scripts, name, *flags, "--run-dir", tmp_path)
+    assert refused.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"{name}: error: ") and message in err[-1], err
