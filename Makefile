@@ -13,7 +13,7 @@ course: install
 
 test: install
 	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs \
-		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300
+		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300 --durations=15
 
 install: $(STAMP)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import runpy
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers.build import notebook_scripts  # the lesson tests import it from here too
+import helpers.launch
+from helpers.build import write_lesson_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -23,14 +26,35 @@ def lesson_scripts(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_RUNS", str(tmp_path / "runs"))
 
     def write(notebook):
-        paths = {}
-        for name, source in notebook_scripts(notebook).items():
-            paths[name] = tmp_path / name
-            paths[name].write_text(source)
+        paths = write_scripts(tmp_path, notebook)
         assert paths, f"{notebook} writes no script"
         return paths
 
     return write
+
+
+def write_scripts(folder, *notebooks) -> dict[str, Path]:
+    """Write the ``%%writefile`` scripts of ``notebooks`` into ``folder`` (later ones win a name); ``{name: path}``."""
+    return {path.name: path for notebook in notebooks for path in write_lesson_scripts(notebook, folder)}
+
+
+def run_in_this_process(script: Path, *flags, cwd=None, spawn=False) -> None:
+    """Run a script's ``main()`` here, as ``python script flags`` would, without starting an interpreter.
+
+    For flag checks: unless ``spawn``, ``launch()`` is a tripwire, so a check that lets bad input reach the
+    point where workers would start fails the test. ``cwd`` is the folder to run in (default: unchanged).
+    """
+    def tripwire(*args, **kwargs):
+        raise AssertionError(f"{script.name} {flags} got past its flag checks to launch()")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(script.parent))
+        if cwd is not None:
+            patch.chdir(cwd)
+        patch.setattr(sys, "argv", [script.name, *map(str, flags)])
+        if not spawn:
+            patch.setattr(helpers.launch, "launch", tripwire)
+        runpy.run_path(str(script), run_name="__main__")
 
 
 @pytest.fixture(autouse=True)

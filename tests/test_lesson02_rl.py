@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import notebook_scripts
+from conftest import write_scripts
 
 from helpers.launch import ScriptError, run_script
 from helpers.metrics import read_metrics
@@ -13,8 +13,7 @@ NOTEBOOK = "02_rl_rpc.ipynb"
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson02")
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        (folder / name).write_text(source)
+    write_scripts(folder, NOTEBOOK)
     return folder
 
 

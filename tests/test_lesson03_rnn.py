@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import torch
-from conftest import notebook_scripts
+from conftest import write_scripts
 
 from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
@@ -19,8 +19,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson03")
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        (folder / name).write_text(source)
+    write_scripts(folder, NOTEBOOK)
     return folder
 
 

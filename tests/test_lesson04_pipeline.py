@@ -1,11 +1,10 @@
 """Lesson 04 (pipeline parallelism): the notebook's scripts, run for real on tiny images."""
 
 import importlib
-import runpy
 import sys
 
 import pytest
-from conftest import notebook_scripts
+from conftest import run_in_this_process, write_scripts
 
 from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
@@ -18,11 +17,7 @@ TIMING = ["--micro-batches", 1, 2, "--batches", 1, "--warmup", 1]
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson04")
-    paths = {}
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        paths[name] = folder / name
-        paths[name].write_text(source)
-    return paths
+    return write_scripts(folder, NOTEBOOK)
 
 
 @pytest.fixture(scope="module")
@@ -99,16 +94,6 @@ def test_rpc_shards_take_a_gpu_each_share_one_or_stay_on_the_cpu(scripts, monkey
     assert pipeline_rpc.shard_devices(pick_backend("auto", 3, "cpu", gpus=gpus)) == ["cpu", "cpu"]
 
 
-def run_in_this_process(scripts, name, *flags):
-    """Run a script's main() here, as `python name flags` would, with launch() replaced by a tripwire."""
-    def spawned(*args, **kwargs):
-        raise AssertionError(f"{name} reached launch() with {flags}")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(scripts[name].parent))
-        patch.setattr(sys, "argv", [name, *map(str, flags)])
-        patch.setattr("helpers.launch.launch", spawned)
-        runpy.run_path(str(scripts[name]), run_name="__main__")
 
 
 # in this process (no interpreter start per case); the notebook's last section runs five of them as scripts
@@ -127,7 +112,7 @@ def run_in_this_process(scripts, name, *flags):
         "pp-world-size", "1f1b-one-micro-batch", "no-micro-batch", "image-too-small", "no-threads"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, tmp_path, capsys, name, flags, message):
     with pytest.raises(SystemExit) as refused:
-        run_in_this_process(scripts, name, *flags, "--run-dir", tmp_path)
+        run_in_this_process(scripts[name], *flags, "--run-dir", tmp_path)
     assert refused.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"{name}: error: ") and message in err[-1], err

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import notebook_scripts
+from conftest import write_scripts
 
 from helpers.data import load_mnist
 from helpers.launch import ScriptError, run_script
@@ -23,8 +23,7 @@ STEPS, EVAL_FREQ, SLOW_MS = 16, 4, 30
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson05_scripts")
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        (folder / name).write_text(source)
+    write_scripts(folder, NOTEBOOK)
     return folder
 
 

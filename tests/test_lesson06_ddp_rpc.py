@@ -8,7 +8,7 @@ import importlib
 import time
 
 import pytest
-from conftest import notebook_scripts
+from conftest import write_scripts
 
 from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
@@ -21,8 +21,7 @@ BOUND = 0.1  # the notebook's bound on the cdopt layer's ‖WWᵀ − I‖
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson06")
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        (folder / name).write_text(source)
+    write_scripts(folder, NOTEBOOK)
     return folder
 
 

@@ -5,17 +5,14 @@ profile), with their check cells; here: the kill in the middle of a save, the ba
 """
 
 import os
-import runpy
 import shlex
 import subprocess
-import sys
 
 import psutil
 import pytest
 import torch
-from conftest import notebook_scripts
+from conftest import run_in_this_process, write_scripts
 
-import helpers.launch
 from helpers.launch import ScriptError, run_script
 
 NOTEBOOK = "07_scaling_faults.ipynb"
@@ -52,8 +49,7 @@ runpy.run_path(script, run_name="__main__")
 def scripts(tmp_path_factory):
     """Lesson 07's scripts next to lesson 01's, which elastic_mnist.py imports its model from."""
     folder = tmp_path_factory.mktemp("lesson07")
-    for name, source in {**notebook_scripts("01_ddp.ipynb"), **notebook_scripts(NOTEBOOK)}.items():
-        (folder / name).write_text(source)
+    write_scripts(folder, "01_ddp.ipynb", NOTEBOOK)
     (folder / "die_in_save.py").write_text(DIE_IN_SAVE)
     return folder
 
@@ -116,17 +112,6 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
                     *map(str, flags)], shlex.join(argv)
 
 
-def run_in_this_process(scripts, name, *flags):
-    """Run a script's main() here, as `python name flags` would; launch() must not be reached."""
-    def no_launch(*args, **kwargs):
-        raise AssertionError(f"{name} {flags} got past its flag checks to launch()")
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(scripts))
-        patch.chdir(scripts)
-        patch.setattr(sys, "argv", [name, *map(str, flags)])
-        patch.setattr(helpers.launch, "launch", no_launch)
-        runpy.run_path(str(scripts / name), run_name="__main__")
 
 
 @pytest.mark.parametrize("script, flags, message", [
@@ -143,7 +128,7 @@ def run_in_this_process(scripts, name, *flags):
         "kill-rank-missing", "batch-not-divisible", "zero-timeout"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, capsys, script, flags, message):
     with pytest.raises(SystemExit) as refused:
-        run_in_this_process(scripts, script, *flags)
+        run_in_this_process(scripts / script, *flags, cwd=scripts)
     assert refused.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1], err

@@ -1,12 +1,10 @@
 """Lesson 08 (sharding the model): the notebook's scripts, run for real with small settings."""
 
-import runpy
-import sys
 import time
 
 import pytest
 import torch
-from conftest import notebook_scripts
+from conftest import run_in_this_process, write_scripts
 
 from helpers.compare import max_diff
 from helpers.launch import ScriptError, run_script
@@ -19,23 +17,13 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson08")
-    paths = {}
-    for name, source in notebook_scripts(NOTEBOOK).items():
-        paths[name] = folder / name
-        paths[name].write_text(source)
-    return paths
+    return write_scripts(folder, NOTEBOOK)
 
 
 def run(scripts, name, *flags, timeout=180):
     return run_script(scripts[name], *flags, echo=False, timeout=timeout)
 
 
-def run_in_this_process(scripts, name, *flags):
-    """Run a script's main() here, as `python name flags` would (for what starts no worker: no interpreter start)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(scripts[name].parent))
-        patch.setattr(sys, "argv", [name, *map(str, flags)])
-        runpy.run_path(str(scripts[name]), run_name="__main__")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +77,8 @@ def test_checkpoint_saved_by_two_ranks_loads_into_one_process(scripts, tmp_path)
     ckpt = tmp_path / "checkpoints"
     run(scripts, "dcp_save.py", "--world-size", 2, "--steps", 2, "--ckpt-dir", ckpt, "--run-dir", tmp_path,
         "--device", "cpu")
-    run_in_this_process(scripts, "dcp_load.py", "--ckpt-dir", ckpt, "--run-dir", tmp_path, "--device", "cpu")
+    run_in_this_process(scripts["dcp_load.py"], "--ckpt-dir", ckpt, "--run-dir", tmp_path, "--device", "cpu",
+                        spawn=True)
     saver, loader = (next(r for r in read_metrics(tmp_path) if r.get("role") == role) for role in ("saver", "loader"))
     assert torch.load(ckpt / "latest.pt")["folder"] == "step_000002"
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest.pt", "step_000002"]  # no .partial folder left
@@ -134,6 +123,6 @@ def test_tp_world_size_not_dividing_hidden_fails_in_one_line_before_any_worker_s
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, capsys, script, flags, message):
     """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
     with pytest.raises(SystemExit) as refused:
-        run_in_this_process(scripts, script, *flags)
+        run_in_this_process(scripts[script], *flags)
     assert refused.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
