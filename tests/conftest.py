@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import runpy
 import sys
@@ -55,6 +57,18 @@ def run_in_this_process(script: Path, *flags, cwd=None, spawn=False) -> None:
         if not spawn:
             patch.setattr(helpers.launch, "launch", tripwire)
         runpy.run_path(str(script), run_name="__main__")
+
+
+def refusal(script: Path, *flags, cwd=None) -> str:
+    """Run ``script flags`` here (see :func:`run_in_this_process`), which must refuse them: exit code 2 before
+    ``launch()``, and one line of error as the last line of stderr, which is returned."""
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as refused, contextlib.redirect_stderr(err):
+        run_in_this_process(script, *flags, cwd=cwd)
+    lines = err.getvalue().strip().splitlines()
+    assert refused.value.code == 2 and lines, f"{script.name} {flags}: exit code {refused.value.code}, {lines}"
+    assert not any("Traceback" in line for line in lines), err.getvalue()
+    return lines[-1]
 
 
 @pytest.fixture(autouse=True)

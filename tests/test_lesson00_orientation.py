@@ -4,6 +4,7 @@ import time
 
 import pytest
 import torch
+from conftest import refusal
 
 from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
@@ -65,8 +66,12 @@ def test_latency_measures_every_size_and_echoes_intact_on_loopback(scripts, tmp_
 ], ids=["world-size-0", "fail-rank-outside-world", "unknown-device", "nccl-without-gpus", "run-dir-not-creatable",
         "max-bytes-below-4"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
+    assert message in refusal(scripts[script], *flags, cwd=tmp_path)
+
+
+def test_a_refused_flag_is_exit_code_2_and_one_line_from_the_command_line(scripts, tmp_path):
     with pytest.raises(ScriptError) as failure:
-        run_script(scripts[script], *flags, echo=False, timeout=60, cwd=tmp_path)
+        run_script(scripts["hello_ranks.py"], "--world-size", 0, echo=False, timeout=60, cwd=tmp_path)
     first_line = str(failure.value).splitlines()[0]
-    assert "exit code 2" in first_line and message in first_line, str(failure.value)
+    assert "exit code 2" in first_line and "--world-size: must be an integer >= 1" in first_line, str(failure.value)
     assert "[rank" not in str(failure.value) and "Traceback" not in str(failure.value)
