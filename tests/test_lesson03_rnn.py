@@ -1,4 +1,9 @@
-"""Lesson 03: the character LSTM split over RPC (rnn_train.py, rnn_proof.py), run for real with small settings."""
+"""Lesson 03: the character LSTM split over RPC (rnn_train.py, rnn_proof.py), run for real with small settings.
+
+The notebook's check cells assert the proof's claims (distributed step = local step, no accumulation across
+contexts, the warning hidden) on its own run of rnn_proof.py; these tests train on three seeds (determinism),
+under torchrun, and try the scripts' refusals of bad flags.
+"""
 
 import sys
 
@@ -12,7 +17,6 @@ from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION
 
 NOTEBOOK = "03_rnn_dist_autograd.ipynb"
 SMALL = ["--hidden", 32, "--emb-dim", 16, "--batch-size", 8, "--seq-len", 30]
-TOL = 1e-6
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
@@ -38,16 +42,6 @@ def train(scripts, tmp_path_factory):
         return done[seed, again]
 
     return get
-
-
-@pytest.fixture(scope="module")
-def proof(scripts, tmp_path_factory):
-    """(record, output) of one run of the proof script."""
-    folder = tmp_path_factory.mktemp("proof")
-    output = run_script(scripts / "rnn_proof.py", *SMALL, "--proof-steps", 2, "--timing-steps", 2,
-                        "--run-dir", folder, echo=False, timeout=120).output
-    (record,) = read_metrics(folder)
-    return record, output
 
 
 def test_validation_loss_falls_and_samples_are_printed(train):
@@ -80,31 +74,6 @@ def test_lstm_on_the_trainers_device_and_only_cpu_tensors_cross_rpc(train):
     assert summary["ps_devices"] == {"params": ["cpu"], "cuda_initialised": False}
     assert summary["crossing_device"] == "cpu"
     assert "path: the trainer's LSTM on" in train(0)[1]
-
-
-def test_distributed_step_matches_local_step(proof):
-    record, _ = proof
-    assert len(record["proof"]) == 2
-    for step in record["proof"]:
-        assert step["grad_diff"] <= TOL and step["weight_diff"] <= TOL, step
-        assert step["control_grad_diff"] >= 100 * TOL and step["control_weight_diff"] >= 100 * TOL, step
-    assert record["weight_change"] >= 100 * TOL and record["lstm_grad_is_none"]
-
-
-def test_successive_contexts_do_not_accumulate_gradients(proof):
-    record, _ = proof
-    assert record["first_vs_a"] <= TOL and record["second_vs_b"] <= TOL
-    assert record["second_vs_a_plus_b"] >= 100 * TOL
-    assert record["released"].startswith("Could not find autograd context")
-    assert record["lstm_grad_is_none_after"]
-
-
-def test_proof_hides_the_deprecation_and_times_both_ways(proof):
-    record, output = proof
-    assert "functional optimizers is deprecated" not in output
-    assert set(record["seconds_per_step"]) == {"distributed", "one process"}
-    assert all(s > 0 for s in record["seconds_per_step"].values()) and record["threads"] == 1
-    assert record["trainer_values"] > 0 and record["ps_values"] > 0
 
 
 def test_training_script_runs_under_torchrun(scripts, tmp_path):
