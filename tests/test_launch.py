@@ -34,9 +34,16 @@ def test_free_port_can_be_bound_on_loopback():
     assert 1024 <= port <= 65535
 
 
-def test_workers_all_reduce_with_one_thread_each(tmp_path):
-    run_script(SCRIPT, "--world-size", 3, "--out", tmp_path, echo=False, timeout=120)
-    seen = ranks_seen(tmp_path)
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    """What each worker of one 3-rank launch recorded (one run serves the tests that only read it)."""
+    out = tmp_path_factory.mktemp("three_ranks")
+    run_script(SCRIPT, "--world-size", 3, "--out", out, echo=False, timeout=120)
+    return ranks_seen(out)
+
+
+def test_workers_all_reduce_with_one_thread_each(three_ranks):
+    seen = three_ranks
     assert [s["rank"] for s in seen] == [0, 1, 2]
     assert all(s["sum"] == 3.0 for s in seen), "all_reduce of ranks 0+1+2"
     assert all(s["threads"] == 1 for s in seen), "each worker is limited to one thread"
@@ -45,9 +52,8 @@ def test_workers_all_reduce_with_one_thread_each(tmp_path):
     assert all(s["placement"] == str(pick_backend("auto", 3)) for s in seen), "each worker knows the path taken"
 
 
-def test_worker_ddp_syncs_weights_and_averages_gradients(tmp_path):
-    run_script(SCRIPT, "--world-size", 3, "--out", tmp_path, echo=False, timeout=120)
-    seen = ranks_seen(tmp_path)
+def test_worker_ddp_syncs_weights_and_averages_gradients(three_ranks):
+    seen = three_ranks
     assert seen[0]["ddp_weight"] == seen[1]["ddp_weight"] == seen[2]["ddp_weight"], "rank 0's weights everywhere"
     # rank r's input is r + 1 in both features, so d(sum)/dw is r + 1: the mean over 3 ranks is 2
     assert all(s["ddp_grad"] == [[2.0, 2.0]] for s in seen), [s["ddp_grad"] for s in seen]
@@ -58,9 +64,8 @@ def test_threads_none_keeps_pytorchs_default(tmp_path):
     assert {s["threads"] for s in ranks_seen(tmp_path)} == {torch.get_num_threads()}
 
 
-def test_local_launch_listens_on_loopback_only(tmp_path):
-    run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, echo=False, timeout=120)
-    addresses = {ip for s in ranks_seen(tmp_path) for ip in s["listening"]}
+def test_local_launch_listens_on_loopback_only(three_ranks):
+    addresses = {ip for s in three_ranks for ip in s["listening"]}
     assert addresses, "gloo workers should listen for their peers"
     assert addresses <= {"127.0.0.1", "::1"}, f"a worker listened off loopback: {addresses}"
 

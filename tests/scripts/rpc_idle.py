@@ -1,4 +1,4 @@
-"""Test workload: how much CPU three RPC workers use while they wait, with a given TensorPipe transport."""
+"""Test workload: how much CPU two RPC workers use while they wait, with a given TensorPipe transport."""
 import argparse
 import time
 
@@ -22,9 +22,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--transports", default="default", choices=["default", "shm,uv", "uv"])
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args()
-    launch(run, 3, args.out, args.transports, args.seconds, backend="gloo", device="cpu")
+    launch(run, 2, args.out, args.transports, args.seconds, backend="gloo", device="cpu")
 
 
 if __name__ == "__main__":
