@@ -224,6 +224,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     placement = pick_backend(backend, world_size, device, share_gpus)
 
     folder = tempfile.mkdtemp(prefix="course-rendezvous-")
+    # run_script ends a run that overstays with SIGTERM, which by default ends Python without running the
+    # finally below: turn it into SystemExit here, so the rendezvous folder goes with the run.
+    restore = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        restore = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     if addr in LOOPBACK:
         init, rpc_init = f"file://{folder}/pg", f"file://{folder}/rpc"
@@ -241,6 +246,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _check_spawnable(fn) -> None:

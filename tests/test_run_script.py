@@ -54,6 +54,9 @@ def test_timeout_kills_every_process_of_the_run(tmp_path):
     assert time.perf_counter() - start < 27
     pids = worker_pids(tmp_path, 2, wait=1)
     assert not [p for p in pids if alive(p)], "a worker outlived the timeout"
+    rendezvous = Path(json.loads((tmp_path / "rank0.json").read_text())["init_method"].removeprefix("file://"))
+    assert rendezvous.parent.name.startswith("course-rendezvous-") and not rendezvous.parent.exists(), \
+        f"the killed launcher left {rendezvous.parent} behind"
 
 
 def test_interrupt_kills_every_process_of_the_run(tmp_path):

@@ -26,6 +26,7 @@ def run(worker, args):
                         if c.status == psutil.CONN_LISTEN})
     seen = dict(rank=worker.rank, sum=total.item(), threads=torch.get_num_threads(), pid=os.getpid(),
                 backend=worker.backend, device=str(worker.device), listening=listening, placement=str(worker.placement),
+                init_method=worker.init_method,
                 ddp_weight=ddp.module.weight.tolist(), ddp_grad=ddp.module.weight.grad.tolist())
     Path(args.out, f"rank{worker.rank}.json").write_text(json.dumps(seen))
     MetricsWriter(args.out, worker.rank).log(0, sum=total.item())
