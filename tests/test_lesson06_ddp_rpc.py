@@ -1,7 +1,10 @@
 """Lesson 06: DDP and RPC together (ddp_rpc.py) and its single-process baseline (single_process.py).
 
-The notebook runs both scripts with both dense layers; these tests run them again on another seed and
-check each claim of the lesson, plus bad input the notebook does not show.
+The notebook runs both scripts with both dense layers and its check cell asserts each claim of the lesson on
+those four runs (every epoch logged, the loss halved, identical replicas, nothing left in .grad, the table
+changed, the cdopt layer feasible and the plain one not); a second launch of the same runs here would check
+nothing more. These tests cover what the notebook does not: bad input it does not show, and where the
+trainers are placed on machines with 0, 1, 2 or 8 GPUs.
 """
 
 import importlib
@@ -9,12 +12,9 @@ import importlib
 import pytest
 from conftest import refusal, write_scripts
 
-from helpers.launch import pick_backend, run_script
-from helpers.metrics import read_metrics
+from helpers.launch import pick_backend
 
 NOTEBOOK = "06_ddp_rpc.ipynb"
-SMALL = ["--epochs", "8", "--steps", "8", "--batch-size", "64", "--seed", "1"]
-BOUND = 0.1  # the notebook's bound on the cdopt layer's ‖WWᵀ − I‖
 
 
 @pytest.fixture(scope="module")
@@ -22,54 +22,6 @@ def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson06")
     write_scripts(folder, NOTEBOOK)
     return folder
-
-
-@pytest.fixture(scope="module")
-def runs(scripts, tmp_path_factory):
-    """``runs(script, dense)`` -> (per-epoch records, summary or None); each run made once per module."""
-    done = {}
-
-    def get(script, dense):
-        if (script, dense) not in done:
-            folder = tmp_path_factory.mktemp(f"{script[:-3]}_{dense}")
-            run_script(scripts / script, *SMALL, "--dense", dense, "--run-dir", folder, echo=False, timeout=180)
-            records = read_metrics(folder)
-            done[script, dense] = ([r for r in records if "loss" in r],
-                                   next((r for r in records if "dense_replica_diff" in r), None))
-        return done[script, dense]
-
-    return get
-
-
-def test_master_drives_every_epoch_and_the_loss_falls(runs):
-    epochs, _ = runs("ddp_rpc.py", "cdopt")
-    assert [r["step"] for r in epochs] == list(range(1, 9))
-    assert epochs[-1]["loss"] < 0.5 * epochs[0]["loss"], [r["loss"] for r in epochs]
-
-
-def test_dense_replicas_are_identical_and_their_gradients_stay_in_the_context(runs):
-    _, summary = runs("ddp_rpc.py", "cdopt")
-    assert summary["dense_replica_diff"] == 0.0
-    assert summary["grads_in_params"] == 0
-
-
-def test_the_embedding_on_the_server_changes(runs):
-    _, summary = runs("ddp_rpc.py", "cdopt")
-    assert summary["embedding_change"] > 1e-3
-
-
-def test_cdopt_layer_stays_feasible_and_the_plain_layer_does_not(runs):
-    cdopt, _ = runs("ddp_rpc.py", "cdopt")
-    plain, _ = runs("single_process.py", "linear")  # the same model in one process
-    assert max(r["feasibility"] for r in cdopt) < BOUND
-    assert plain[-1]["feasibility"] > BOUND
-
-
-def test_single_process_baseline_learns_and_times_its_epochs(runs):
-    epochs, summary = runs("single_process.py", "linear")
-    assert summary is None and len(epochs) == 8
-    assert epochs[-1]["loss"] < 0.5 * epochs[0]["loss"]
-    assert all(r["seconds"] > 0 for r in epochs)
 
 
 # the notebook shows --world-size 3, --dense orthogonal and --penalty 0 failing; these are the others
