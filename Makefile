@@ -1,6 +1,6 @@
 # The two commands of the README, and the targets they use.
 #   make course   install, then execute every notebook (full profile) into build/
-#   make test     install, then run every test (quick profile), notebooks included
+#   make test     install, then run every test (quick profile, no download attempt), notebooks included
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +12,7 @@ course: install
 	COURSE_PROFILE=full $(PY) -m helpers.build --out build
 
 test: install
-	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs \
+	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs COURSE_OFFLINE=1 \
 		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300 --durations=15
 
 install: $(STAMP)

@@ -50,7 +50,8 @@ def _normalise(images: np.ndarray | torch.Tensor, labels) -> TensorDataset:
 
 
 def _torchvision_mnist(root: Path, online: bool) -> MNIST | None:
-    if not online and not (root / "MNIST" / "raw").is_dir():
+    # a failed download leaves MNIST/raw/ behind, empty: look for the files themselves
+    if not online and not any((root / "MNIST" / "raw").glob("*-ubyte*")):
         return None  # nothing on disk and no download: importing torchvision would cost a second for nothing
     from torchvision import datasets
 

@@ -49,6 +49,7 @@ def test_offline_load_does_not_import_torchvision(tmp_path):
     import sys
 
     shutil.copy(DATA_DIR / SUBSET, tmp_path)
+    (tmp_path / "MNIST" / "raw").mkdir(parents=True)  # what an earlier failed download leaves
     probe = (f"import sys; from helpers.data import load_mnist; d = load_mnist({str(tmp_path)!r}, verbose=False); "
              "print(len(d.train), 'torchvision' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
