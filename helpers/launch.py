@@ -200,7 +200,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
            threads: int | None = 1) -> None:
     """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
 
-    Started by torchrun, this process is one rank and ``fn`` runs here once.
+    Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
     Otherwise ``world_size`` processes are spawned on this machine, meeting
     through files in a fresh temporary folder (no TCP store, so nothing listens
     on a non-loopback address; GLOO/TP_SOCKET_IFNAME are set to ``lo`` unless
@@ -286,10 +286,14 @@ def _spawned(rank, fn, args, plan, threads) -> None:
     placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
     fn(Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
               plan["init_method"], plan["rpc_init_method"], placement), *args)
-    # fn is done. Leave now, without the interpreter's teardown, where PyTorch's C++ objects and their
-    # threads are destroyed in no set order: a worker that had finished its work sometimes aborted there
-    # ("terminate called without an active exception", exit code -6: once in a clean-clone make test, and
-    # once in 129 runs of a 2-rank DDP script on 2 busy cores). What it printed is flushed first.
+    _leave_now()
+
+
+def _leave_now() -> None:
+    """A rank whose function returned leaves without the interpreter's teardown, where PyTorch's C++ objects
+    and their threads are destroyed in no set order: a rank that had finished its work sometimes aborted there
+    ("terminate called without an active exception", exit code -6: in clean-clone make test runs, spawned and
+    under torchrun, and once in 129 runs of a 2-rank DDP script on 2 busy cores). Its output is flushed first."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -306,6 +310,7 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),
               "env://", "env://", placement), *args)
+    _leave_now()  # as a spawned worker does: this process is the rank, and its work is done
 
 
 # --- running a script from a notebook ------------------------------------------------
