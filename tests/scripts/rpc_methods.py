@@ -9,7 +9,7 @@ from torch.distributed.optim import DistributedOptimizer
 
 from helpers.launch import launch
 from helpers.metrics import MetricsWriter
-from helpers.rpc import hide_functional_optimizer_warning, parameter_rrefs, remote_method, remote_method_async
+from helpers.rpc import parameter_rrefs, remote_method, remote_method_async
 
 
 class Store:
@@ -28,9 +28,7 @@ def forward(module_rref, x):
     return module_rref.local_value()(x)
 
 
-def run(worker, out, hide_warning):
-    if hide_warning:
-        hide_functional_optimizer_warning()
+def run(worker, out):
     worker.init_rpc()  # as f"worker{rank}"
     if worker.rank == 0:
         store = rpc.remote("worker1", Store)
@@ -61,9 +59,8 @@ def run(worker, out, hide_warning):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--hide-warning", action="store_true", help="hide DistributedOptimizer's deprecation")
     args = parser.parse_args()
-    launch(run, 2, args.out, args.hide_warning)
+    launch(run, 2, args.out)
 
 
 if __name__ == "__main__":
