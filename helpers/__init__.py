@@ -2,16 +2,24 @@
 
 Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
 ``metrics`` (per-rank JSON lines), ``plots`` (the course's figures),
-``data`` (MNIST, online or the shipped subset). Importing changes no global state.
+``data`` (MNIST, online or the shipped subset), ``system`` (what differs between Linux, macOS and
+Windows). Importing changes no global state.
 """
 
 import os
+
+from helpers.system import check_platform
 
 PROFILES = ("full", "quick")
 
 
 def course_profile() -> str:
-    """The profile from ``COURSE_PROFILE``: ``"full"`` (default) or ``"quick"``; ValueError otherwise."""
+    """The profile from ``COURSE_PROFILE``: ``"full"`` (default) or ``"quick"``; ValueError otherwise.
+
+    Every lesson calls it first, so on native Windows, where the course cannot run, this is where a lesson
+    stops, in one line that says to use WSL2 (:func:`helpers.system.check_platform`).
+    """
+    check_platform()
     profile = os.environ.get("COURSE_PROFILE", "full")
     if profile not in PROFILES:
         raise ValueError(f"COURSE_PROFILE={profile!r}: set it to 'full' or 'quick'")

@@ -31,7 +31,11 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from helpers.system import loopback_interface, require_rpc
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# the variables that tell gloo and TensorPipe which network interface to use
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
 class WorkerError(RuntimeError):
@@ -73,6 +77,7 @@ class Placement:
     gpus: int         # GPUs visible on this machine
     ranks: int        # ranks started on this machine
     asked: str = "auto"  # the device that was asked for
+    mps: bool = False    # an Apple GPU (MPS) is present: never used for collectives, which gloo runs on the CPU
 
     def device(self, local_rank: int) -> torch.device:
         """The device of the rank with this local rank: ``cuda:(local_rank % gpus)``, or the CPU."""
@@ -85,21 +90,25 @@ class Placement:
             return (f"gloo, {self.ranks} ranks share {self.gpus} GPU{'s' if self.gpus > 1 else ''}: "
                     f"rank r on cuda:(r mod {self.gpus}) (NCCL needs one GPU per rank)")
         why = "no GPU here" if self.gpus == 0 else f"the CPU was asked for, {self.gpus} GPUs unused"
+        if self.gpus == 0 and self.mps:
+            why = "no CUDA GPU here; this Mac's MPS GPU stays unused: gloo's collectives carry CPU tensors only"
         return f"gloo on the CPU ({why})"
 
 
 def pick_backend(backend: str = "auto", ranks_per_machine: int = 1, device: str = "auto",
-                 share_gpus: bool = True, gpus: int | None = None) -> Placement:
+                 share_gpus: bool = True, gpus: int | None = None, mps: bool | None = None) -> Placement:
     """Decide backend and devices for ``ranks_per_machine`` ranks from what this machine has.
 
     * a GPU per rank: NCCL, rank r on ``cuda:r``;
     * fewer GPUs than ranks: gloo (it carries CUDA tensors for all-reduce and broadcast) with the
       ranks sharing the GPUs, or the CPU if ``share_gpus`` is False (for code that needs collectives
       gloo has no CUDA version of);
-    * no GPU, or ``device="cpu"``: gloo on the CPU.
+    * no GPU, or ``device="cpu"``: gloo on the CPU. An Apple GPU (``mps``) is never chosen: gloo has
+      no MPS collectives, so a Mac computes and communicates on the CPU, and the placement says so.
 
-    ``gpus`` overrides the visible GPU count (for tests). Raises ValueError, in one line saying what
-    to change, for an unknown backend or device, NCCL without a GPU per rank, or CUDA without a GPU.
+    ``gpus`` overrides the visible GPU count, ``mps`` whether an Apple GPU is present (for tests).
+    Raises ValueError, in one line saying what to change, for an unknown backend or device, NCCL
+    without a GPU per rank, or CUDA without a GPU.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -117,7 +126,9 @@ def pick_backend(backend: str = "auto", ranks_per_machine: int = 1, device: str 
     if backend == "auto":
         backend = "nccl" if nccl_ok else "gloo"
     on_gpu = device != "cpu" and gpus > 0 and (backend == "nccl" or share_gpus or gpus >= ranks_per_machine)
-    return Placement(backend, "cuda" if on_gpu else "cpu", gpus, ranks_per_machine, device)
+    if mps is None:
+        mps = torch.backends.mps.is_available()
+    return Placement(backend, "cuda" if on_gpu else "cpu", gpus, ranks_per_machine, device, mps)
 
 
 def ranks_per_machine(world_size: int) -> int:
@@ -150,8 +161,11 @@ class Worker:
         The transport defaults to ``uv`` (TCP, on loopback for a local run): TensorPipe would otherwise pick
         its shared-memory transport, whose reactor polls while it waits and keeps about a core busy in every
         idle process; with more RPC processes than cores that takes the cores from the ranks that compute.
-        Pass ``_transports=["shm", "uv"]`` to get TensorPipe's own choice back (lesson 04 measures both).
+        Pass ``_transports=["shm", "uv"]`` to get TensorPipe's own choice back (lesson 04 measures both); shm
+        exists on Linux only, and where it does not (macOS) TensorPipe skips it and uses uv.
+        Stops in one line where PyTorch has no ``torch.distributed.rpc`` (:func:`helpers.system.require_rpc`).
         """
+        require_rpc()
         from torch.distributed import rpc
 
         kwargs.setdefault("_transports", ["uv"])
@@ -191,6 +205,18 @@ def log(rank: int, *parts) -> None:
     sys.stdout.flush()
 
 
+def socket_ifnames(table: dict | None = None) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` and ``TP_SOCKET_IFNAME`` for a run that stays on this machine.
+
+    A value the user set is kept; the others name the loopback interface, which the operating system's
+    interface table gives (``lo`` on Linux, ``lo0`` on macOS: see :func:`helpers.system.loopback_interface`,
+    which ``table`` is passed to). Raises RuntimeError in one line if one is needed and none holds 127.0.0.1.
+    """
+    missing = [name for name in SOCKET_IFNAMES if not os.environ.get(name)]
+    loopback = loopback_interface(table) if missing else None
+    return {name: os.environ.get(name) or loopback for name in SOCKET_IFNAMES}
+
+
 def under_torchrun() -> bool:
     """True when this process was started by torchrun (or another launcher that sets RANK)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -203,8 +229,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
     Otherwise ``world_size`` processes are spawned on this machine, meeting
     through files in a fresh temporary folder (no TCP store, so nothing listens
-    on a non-loopback address; GLOO/TP_SOCKET_IFNAME are set to ``lo`` unless
-    the user set ``MASTER_ADDR`` to another address). ``threads`` limits each
+    on a non-loopback address; GLOO/TP_SOCKET_IFNAME name the loopback interface,
+    see :func:`socket_ifnames`, unless the user set them or set ``MASTER_ADDR``
+    to another address). ``threads`` limits each
     worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
     ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the
     resulting :class:`Placement` and its own device in its :class:`Worker`.
@@ -222,6 +249,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         return
     _check_spawnable(fn)
     placement = pick_backend(backend, world_size, device, share_gpus)
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    ifnames = socket_ifnames() if addr in LOOPBACK else {}
 
     folder = tempfile.mkdtemp(prefix="course-rendezvous-")
     # run_script ends a run that overstays with SIGTERM, which by default ends Python without running the
@@ -229,12 +258,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     restore = None
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         restore = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     if addr in LOOPBACK:
         init, rpc_init = f"file://{folder}/pg", f"file://{folder}/rpc"
     else:  # the user chose an address: meet there over TCP
         init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
-    plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr)
+    plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr,
+                ifnames=ifnames)
     import torch.multiprocessing as mp
 
     try:
@@ -278,9 +307,7 @@ def _prepare_process(threads: int | None) -> None:
 def _spawned(rank, fn, args, plan, threads) -> None:
     """Entry point of each spawned worker: set up its environment, then call ``fn``."""
     _prepare_process(threads)
-    if plan["addr"] in LOOPBACK:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
+    os.environ.update(plan["ifnames"])  # gloo and TensorPipe on loopback for a local run (the user's choice kept)
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(plan["world_size"]))
     placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
@@ -305,8 +332,7 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
         raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
     _prepare_process(threads)
     if os.environ.get("MASTER_ADDR") in LOOPBACK:  # a one-machine torchrun run: keep gloo and TensorPipe there too
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
+        os.environ.update(socket_ifnames())
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),
               "env://", "env://", placement), *args)
@@ -401,7 +427,7 @@ def _group_alive(proc: subprocess.Popen) -> bool:
         try:
             if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
                 return True
-        except (ProcessLookupError, psutil.Error):
+        except (OSError, psutil.Error):  # gone since listed, or not ours to ask about (macOS may say EPERM)
             continue
     return False
 

@@ -5,6 +5,9 @@ that object, on its owner, from any worker:
 
     remote_method(Agent.select_action, agent_rref, observer_id, state)   # waits
     remote_method_async(Agent.select_action, agent_rref, ...)            # a Future
+
+Importing it is where an RPC lesson or script first needs ``torch.distributed.rpc``: where PyTorch has
+none (its Windows builds), the import stops in one line that says to use WSL2 (see helpers.system).
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed import rpc
+
+from helpers.system import require_rpc
+
+require_rpc()
 
 
 def call_method(method, rref, *args, **kwargs):

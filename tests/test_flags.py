@@ -54,5 +54,7 @@ def test_impossible_device_choice_exits_before_anything_starts(capsys):
 def test_run_folder_is_created_or_refused_in_one_line(tmp_path, capsys):
     parser = parser_with(run_dir=folder)
     assert parser.parse_args(["--run-dir", str(tmp_path / "a" / "b")]).run_dir.is_dir()
-    assert refusal(parser, ["--run-dir", "/proc/no/such"], capsys).startswith(
-        "script.py: error: argument --run-dir: cannot create folder '/proc/no/such'")
+    (tmp_path / "a-file").write_text("")  # a folder cannot be made inside a file, on any system, even as root
+    bad = tmp_path / "a-file" / "runs"
+    assert refusal(parser, ["--run-dir", str(bad)], capsys).startswith(
+        f"script.py: error: argument --run-dir: cannot create folder '{bad}'")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script
+from helpers.system import loopback_interface
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
 
@@ -36,9 +37,12 @@ def test_free_port_can_be_bound_on_loopback():
 
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
-    """What each worker of one 3-rank launch recorded (one run serves the tests that only read it)."""
+    """What each worker of one 3-rank launch recorded (one run serves the tests that only read it).
+
+    The user chose TP_SOCKET_IFNAME (unused by this gloo-only run) and left GLOO_SOCKET_IFNAME empty."""
     out = tmp_path_factory.mktemp("three_ranks")
-    run_script(SCRIPT, "--world-size", 3, "--out", out, echo=False, timeout=120)
+    run_script(SCRIPT, "--world-size", 3, "--out", out, echo=False, timeout=120,
+               env={"GLOO_SOCKET_IFNAME": "", "TP_SOCKET_IFNAME": "the-users-choice"})
     return ranks_seen(out)
 
 
@@ -68,6 +72,12 @@ def test_local_launch_listens_on_loopback_only(three_ranks):
     addresses = {ip for s in three_ranks for ip in s["listening"]}
     assert addresses, "gloo workers should listen for their peers"
     assert addresses <= {"127.0.0.1", "::1"}, f"a worker listened off loopback: {addresses}"
+
+
+def test_workers_get_this_systems_loopback_interface_and_keep_the_users_choice(three_ranks):
+    # the interface is found in the OS's table (lo on Linux, lo0 on macOS), never typed in
+    assert all(s["ifnames"] == {"GLOO_SOCKET_IFNAME": loopback_interface(), "TP_SOCKET_IFNAME": "the-users-choice"}
+               for s in three_ranks), [s["ifnames"] for s in three_ranks]
 
 
 def test_worker_error_ends_run_with_traceback(tmp_path):
@@ -122,6 +132,8 @@ def test_same_script_runs_under_torchrun(tmp_path):
     run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, command=torchrun, echo=False, timeout=180)
     seen = ranks_seen(tmp_path)
     assert [s["sum"] for s in seen] == [1.0, 1.0] and all(s["threads"] == 1 for s in seen)
+    assert all(s["ifnames"]["GLOO_SOCKET_IFNAME"] in (os.environ.get("GLOO_SOCKET_IFNAME"), loopback_interface())
+               for s in seen), "a one-machine torchrun run stays on loopback too"
 
 
 def _top_level_worker(worker):
@@ -169,8 +181,17 @@ def test_code_that_cannot_share_a_gpu_falls_back_to_the_cpu():
     assert pick_backend("auto", 1, share_gpus=False, gpus=1).device_type == "cuda"
 
 
+def test_an_apple_gpu_is_never_picked_and_the_placement_says_so():
+    mac = pick_backend("auto", 2, gpus=0, mps=True)
+    assert (mac.backend, mac.device_type, mac.device(1)) == ("gloo", "cpu", torch.device("cpu"))
+    assert str(mac) == ("gloo on the CPU (no CUDA GPU here; this Mac's MPS GPU stays unused: "
+                        "gloo's collectives carry CPU tensors only)")
+    assert pick_backend("auto", 1, gpus=0, mps=True).device(0) == torch.device("cpu"), "one rank: the CPU too"
+    assert str(pick_backend("auto", 2, gpus=0, mps=False)) == "gloo on the CPU (no GPU here)"
+
+
 def test_no_gpu_or_cpu_asked_for_means_gloo_on_the_cpu():
-    assert (pick_backend("auto", 2, gpus=0).backend, str(pick_backend("auto", 2, gpus=0))) == \
+    assert (pick_backend("auto", 2, gpus=0).backend, str(pick_backend("auto", 2, gpus=0, mps=False))) == \
            ("gloo", "gloo on the CPU (no GPU here)")
     asked = pick_backend("auto", 2, device="cpu", gpus=2)
     assert (asked.backend, asked.device_type, asked.device(1)) == ("gloo", "cpu", torch.device("cpu"))

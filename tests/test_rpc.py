@@ -1,7 +1,10 @@
 """helpers.rpc: method calls through RRefs and parameter RRefs, over real RPC between two workers."""
 
+import sys
 import warnings
 from pathlib import Path
+
+import pytest
 
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
@@ -43,6 +46,7 @@ def idle_cpu(tmp_path, transports):
     return [record["cpu_seconds"] / record["seconds"] for record in read_metrics(tmp_path / transports)]
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="TensorPipe's shm transport exists on Linux only")
 def test_idle_rpc_workers_leave_the_cores_alone_and_shared_memory_would_not(tmp_path):
     """The reason ``Worker.rpc_options`` defaults to the uv transport: shm's reactor polls while it waits."""
     uv = idle_cpu(tmp_path, "default")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.flags import add_device_flags, check_placement, integer
-from helpers.launch import launch, log
+from helpers.launch import SOCKET_IFNAMES, launch, log
 from helpers.metrics import MetricsWriter
 
 
@@ -26,7 +26,7 @@ def run(worker, args):
                         if c.status == psutil.CONN_LISTEN})
     seen = dict(rank=worker.rank, sum=total.item(), threads=torch.get_num_threads(), pid=os.getpid(),
                 backend=worker.backend, device=str(worker.device), listening=listening, placement=str(worker.placement),
-                init_method=worker.init_method,
+                init_method=worker.init_method, ifnames={name: os.environ.get(name) for name in SOCKET_IFNAMES},
                 ddp_weight=ddp.module.weight.tolist(), ddp_grad=ddp.module.weight.grad.tolist())
     Path(args.out, f"rank{worker.rank}.json").write_text(json.dumps(seen))
     MetricsWriter(args.out, worker.rank).log(0, sum=total.item())
