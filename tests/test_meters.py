@@ -1,10 +1,10 @@
-"""helpers.measure: laps, byte accounting, collective names and counts (counted in a real process group)."""
+"""helpers.meters: laps, byte accounting, collective names and counts (counted in a real process group)."""
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 
-from helpers.measure import Laps, clock, collective_counts, local_bytes, peak_memory, plain_name
+from helpers.meters import Laps, clock, collective_counts, local_bytes, peak_memory, plain_name
 
 
 def test_laps_add_up_each_phase_over_repeats():
