@@ -1,10 +1,11 @@
-"""Lesson 06: DDP and RPC together (ddp_rpc.py) and its single-process baseline (single_process.py).
+"""Lesson 06: DDP and RPC together (ddp_rpc.py) and its single-process baseline (ddp_rpc_single_process.py).
 
 The notebook runs both scripts with both dense layers and its check cell asserts each claim of the lesson on
-those four runs (every epoch logged, the loss halved, identical replicas, nothing left in .grad, the table
-changed, the cdopt layer feasible and the plain one not); a second launch of the same runs here would check
-nothing more. These tests cover what the notebook does not: bad input it does not show, and where the
-trainers are placed on machines with 0, 1, 2 or 8 GPUs.
+those runs (every epoch logged, the loss halved, identical replicas that moved, nothing left in .grad, the
+table changed, the same start as the baseline, a bit-identical repeat, the cdopt layer feasible and the plain
+one not); a second launch of the same runs here would check nothing more. These tests cover what the
+notebook does not: bad input it does not show, and where the trainers are placed on machines with 0, 1, 2 or
+8 GPUs.
 """
 
 import importlib
@@ -27,7 +28,7 @@ def scripts(tmp_path_factory):
 # the notebook shows --world-size 3, --dense orthogonal and --penalty 0 failing; these are the others
 @pytest.mark.parametrize("script, flags, message", [
     ("ddp_rpc.py", ["--batch-size", "33"], "--batch-size 33 is odd"),
-    ("single_process.py", ["--penalty", "-1"], "--penalty: must be a finite number > 0"),
+    ("ddp_rpc_single_process.py", ["--penalty", "-1"], "--penalty: must be a finite number > 0"),
 ], ids=["odd-batch", "negative-penalty"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts / script, *flags, cwd=tmp_path)

@@ -129,8 +129,9 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
      "--kill-rank 2 does not exist"),
     ("elastic_mnist.py", ["--world-size", "3", "--batch-size", "64"], "must be a multiple of --world-size 3"),
     ("desync.py", ["--timeout", "0"], "--timeout: must be a finite number <= 3600 and > 0, got 0"),
+    ("desync.py", ["--timeout", "2", "--dump-after", "2"], "--dump-after 2 must be shorter than --timeout 2"),
 ], ids=["negative-restarts", "endpoint-without-port", "endpoint-port-zero", "no-script", "kill-beyond-run",
-        "kill-rank-missing", "batch-not-divisible", "zero-timeout"])
+        "kill-rank-missing", "batch-not-divisible", "zero-timeout", "dump-after-timeout"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, script, flags, message):
     error = refusal(scripts / script, *flags, cwd=scripts)
     assert message in error, error
