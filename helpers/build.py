@@ -317,7 +317,10 @@ def main() -> None:
     if rows:
         print("\n" + budget_table(rows))
     start = time.perf_counter()
-    page = site(out)
+    try:
+        page = site(out)
+    except RuntimeError as e:
+        sys.exit(f"website: {e}")
     print(f"\nwebsite built in {time.perf_counter() - start:.0f} s: open {page} "
           f"(executed notebooks, figures and logs in {out}).")
     if not all(r["ok"] for r in rows):

@@ -161,6 +161,13 @@ def test_unknown_lesson_is_refused(tmp_path):
     assert done.returncode == 2 and "no lesson named 42_nothing" in done.stderr
 
 
+def test_site_only_needs_executed_lessons(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path, "--site-only")
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"website: no executed lesson in {tmp_path / 'build'} to build the website from"]
+
+
 @pytest.mark.parametrize("value, expected", [(None, "full"), ("full", "full"), ("quick", "quick")])
 def test_profile_comes_from_the_environment(monkeypatch, value, expected):
     if value is None:
