@@ -151,7 +151,7 @@ for ranks in range(1, 65):
     for device in DEVICES:
         for share in (True, False):
             try:
-                paths.add(str(pick_backend("auto", ranks, device, share)))
+                paths.add(str(pick_backend("auto", ranks, device=device, share_gpus=share)))
             except (ValueError, TypeError):
                 pass
 print(json.dumps(dict(torch=torch.__version__, cores=os.cpu_count(), gpus=gpus,
@@ -236,7 +236,6 @@ def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
 def site(out: Path) -> Path:
     """Build ``out/site/`` from the executed lessons in ``out`` (those with a record); return its home page."""
     import nbformat
-    from sphinx.cmd.build import build_main
 
     work = out / "site-work"  # the pages' sources and Sphinx's scratch folders, kept to debug a build
     shutil.rmtree(work, ignore_errors=True)
@@ -264,6 +263,8 @@ def site(out: Path) -> Path:
              f"passed. Pages built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
     home = (WEBSITE / "index.md").read_text().replace("% LESSON MAP", "\n".join(lessons))
     (src / "index.md").write_text(home.replace("% BUILD RECORD", built))
+    from sphinx.cmd.build import build_main
+
     code = build_main(["-q", "-E", "-b", "html", "-c", str(WEBSITE), "-d", str(work / "doctrees"),
                        str(src), str(work / "html")])  # myst-nb puts its own scratch next to html/
     if code:

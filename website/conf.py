@@ -57,9 +57,15 @@ class CourseLaunch(SphinxDirective):
 
 
 def _mathml(self, node, display):
+    """Write a formula as MathML, which browsers draw themselves; TeX the converter cannot read stays as code."""
+    from html import escape
+
     from latex2mathml.converter import convert
 
-    self.body.append(convert(node.astext(), display="block" if display else "inline"))
+    try:
+        self.body.append(convert(node.astext(), display="block" if display else "inline"))
+    except Exception:  # a formula it cannot parse shows as its source rather than failing the site
+        self.body.append(f"<code>{escape(node.astext())}</code>")
     raise nodes.SkipNode
 
 
