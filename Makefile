@@ -1,5 +1,6 @@
 # The two commands of the README, and the targets they use.
-#   make course   install, then execute every notebook (full profile) into build/
+#   make course   install, then execute every notebook (full profile) into build/ and build the website,
+#                 build/site/ (open build/site/index.html; `python -m helpers.build --site-only` rebuilds it alone)
 #   make test     install, then run every test (quick profile, no download attempt), notebooks included
 PYTHON ?= python3
 VENV   := .venv
@@ -22,11 +23,11 @@ $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned dependencies into $(VENV) (first time: about 3 minutes) ..."
-	$(PY) -m pip install -qq --constraint constraints.txt --editable ".[test]"
+	$(PY) -m pip install -qq --constraint constraints.txt --editable ".[test,site]"
 	touch $(STAMP)
 
 lint: install
-	$(PY) -m ruff check helpers tests notebooks data
+	$(PY) -m ruff check helpers tests notebooks data website
 
 clean:
 	rm -rf build notebooks/scripts runs notebooks/runs

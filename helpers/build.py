@@ -1,28 +1,35 @@
-"""Execute every lesson into a folder: executed notebooks, HTML, figures and an index page.
+"""Execute every lesson into a folder, then build the course's website from the executed notebooks.
 
     python -m helpers.build --out build          # what `make course` runs
+    python -m helpers.build --out build --site-only   # the website again, from the lessons already run
 
 Each notebook runs in a fresh kernel with ``notebooks/`` as its working folder
-and ``COURSE_RUNS=<out>/runs/<lesson>``, so its metrics and PNGs land there. A
-failing lesson is still written out (with its error) and the command exits 1.
-While a lesson runs, one line shows which cell it is in and for how long; at the
-end a table gives each lesson's time against its budget.
+and ``COURSE_RUNS=<out>/runs/<lesson>``, so its metrics and PNGs land there. The
+executed notebook carries its verification record (date, torch, device path,
+profile, time, check cells run and passed) in its metadata under ``course``.
+A failing lesson is still written out (with its error, marked failed on its
+page) and the command exits 1. While a lesson runs, one line shows which cell
+it is in and for how long; at the end a table gives each lesson's time against
+its budget. The site (``<out>/site/``: Sphinx, myst-nb, sphinx-book-theme, set
+up in ``website/``) is built from every executed lesson in ``<out>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
+import base64
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+WEBSITE = Path(__file__).resolve().parent.parent / "website"
 WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
 # minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
 BUDGET_MINUTES = {"00": 1, "01": 4, "02": 6, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3}
@@ -104,11 +111,10 @@ class Progress:
             print("\r\x1b[K" + self.line(), end="", file=self.stream, flush=True)
 
 
-def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, str]:
-    """Run ``notebook`` into ``out``, showing progress; return (succeeded, seconds, error line)."""
+def execute(notebook: Path, out: Path, cell_timeout: int, machine: dict) -> tuple[bool, float, str]:
+    """Run ``notebook`` into ``out`` with its record (:func:`record`), showing progress; return (ok, seconds, error)."""
     import nbclient
     import nbformat
-    from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook, as_version=4)
     os.environ["COURSE_RUNS"] = str((out / "runs" / notebook.stem).resolve())
@@ -129,10 +135,58 @@ def execute(notebook: Path, out: Path, cell_timeout: int) -> tuple[bool, float, 
     except nbclient.exceptions.CellTimeoutError:
         error = f"a cell ran past {cell_timeout} s"
     seconds = time.perf_counter() - start
+    nb.metadata["course"] = record(nb, seconds, error, machine)
     nbformat.write(nb, out / notebook.name)
-    body, _ = HTMLExporter().from_notebook_node(nb)
-    (out / f"{notebook.stem}.html").write_text(body)
     return not error, seconds, error
+
+
+# Run in a fresh interpreter, so that this process never imports torch nor touches a GPU the lessons need.
+# Every line Placement can print for this machine: the lessons print theirs, as the path their workers took.
+PROBE = """
+import json, os, torch
+from helpers.launch import DEVICES, pick_backend
+gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+paths = set()
+for ranks in range(1, 65):
+    for device in DEVICES:
+        for share in (True, False):
+            try:
+                paths.add(str(pick_backend("auto", ranks, device=device, share_gpus=share)))
+            except (ValueError, TypeError):
+                pass
+print(json.dumps(dict(torch=torch.__version__, cores=os.cpu_count(), gpus=gpus,
+                      gpu=torch.cuda.get_device_name(0) if gpus else "", paths=sorted(paths))))
+"""
+
+
+def probe_machine() -> dict:
+    """``{torch, cores, gpus, gpu (the first GPU's name), paths (the placement lines possible here)}``."""
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                          cwd=NOTEBOOKS.parent)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def is_check(cell) -> bool:
+    """A check cell: a code cell that asserts (not a ``%%writefile`` cell, whose asserts belong to a script)."""
+    source = "".join(cell["source"])
+    return runs(cell) and not WRITEFILE.match(source) and re.search(r"^\s*assert\b", source, re.M) is not None
+
+
+def record(nb, seconds: float, error: str, machine: dict) -> dict:
+    """The verification record of an executed lesson: what ran where, how long, and which checks passed.
+
+    ``paths`` are the placement lines (see ``helpers.launch.Placement``) the lesson printed, in order.
+    """
+    printed = "".join(o.get("text", "") for c in nb.cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+    found = sorted((p for p in machine["paths"] if p in printed), key=printed.index)
+    checks = [c for c in nb.cells if is_check(c)]
+    ran = [c for c in checks if c.get("execution_count") is not None]
+    passed = [c for c in ran if not any(o["output_type"] == "error" for o in c.get("outputs", []))]
+    gpus = f"{machine['gpus']} x {machine['gpu']}" if machine["gpus"] else "no GPU"
+    return dict(ok=not error, error=error, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                torch=machine["torch"], machine=f"{machine['cores']} CPU cores, {gpus}", paths=found,
+                profile=os.environ.get("COURSE_PROFILE", "full"), seconds=round(seconds, 1),
+                checks=len(checks), checks_ran=len(ran), checks_passed=len(passed))
 
 
 def figures(out: Path, stem: str) -> list[Path]:
@@ -148,23 +202,76 @@ def figures(out: Path, stem: str) -> list[Path]:
     return copies
 
 
-def index_page(out: Path, rows: list[dict]) -> Path:
-    """Write ``out/index.html`` linking each lesson's HTML, notebook and figures."""
-    parts = ["<!doctype html><meta charset='utf-8'><title>Distributed PyTorch, hands-on</title>",
-             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-             "img{max-width:30em;border:1px solid #ccc;margin:.3em}</style>",
-             "<h1>Distributed PyTorch, hands-on</h1>",
-             f"<p>Profile <b>{html.escape(os.environ.get('COURSE_PROFILE', 'full'))}</b>, "
-             f"built {time.strftime('%Y-%m-%d %H:%M')}.</p>"]
-    for r in rows:
-        status = "ok" if r["ok"] else f"FAILED: {html.escape(r['error'])}"
-        parts.append(f"<h2><a href='{r['stem']}.html'>{r['stem']}</a></h2>"
-                     f"<p>{status} · {r['seconds']:.0f} s · <a href='{r['stem']}.ipynb'>notebook</a></p>")
-        parts += [f"<a href='{p.relative_to(out)}'><img src='{p.relative_to(out)}' alt='{p.name}'></a>"
-                  for p in r["figures"]]
-    page = out / "index.html"
-    page.write_text("\n".join(parts))
-    return page
+def record_markdown(r: dict) -> str:
+    """The verification record as the MyST box at the top of a lesson's page, followed by its launch links."""
+    title = "Verified by its run" if r["checks"] else "Ran to the end (it has no check cell)"
+    title = title if r["ok"] else "This run FAILED"
+    lines = [f"````{{admonition}} {title}", f":class: {'tip' if r['ok'] else 'error'} verification-record",
+             f"- **Ran** {r['date']}, profile `{r['profile']}`, in {r['seconds']:.0f} s",
+             f"- **PyTorch** {r['torch']}, on {r['machine']}",
+             f"- **Device path** {'; '.join(r['paths']) or 'the lesson printed no placement line'}",
+             f"- **Checks** {r['checks_ran']} of {r['checks']} check cells ran, {r['checks_passed']} passed"
+             + ("" if r["ok"] else "; the run stopped at this error:")]
+    if not r["ok"]:
+        lines += ["", "```text", r["error"], "```"]
+    return "\n".join(lines + ["````", "", "```{course-launch}", "```"])
+
+
+def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
+    """Write executed lesson ``nb`` as ``src/name``, its record under its title; return (title, first PNG in base64)."""
+    import nbformat
+
+    title, rest = Path(name).stem, ""
+    if nb.cells and nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "):
+        heading, _, rest = nb.cells[0].source.partition("\n")
+        nb.cells[0].source, title = heading, heading[2:].strip()
+    nb.cells[1:1] = [nbformat.v4.new_markdown_cell(record_markdown(nb.metadata["course"]))] + (
+        [nbformat.v4.new_markdown_cell(rest.strip())] if rest.strip() else [])
+    nbformat.write(nb, src / name)
+    images = [o["data"]["image/png"] for c in nb.cells if c.cell_type == "code"
+              for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    return title, images[0] if images else ""
+
+
+def site(out: Path) -> Path:
+    """Build ``out/site/`` from the executed lessons in ``out`` (those with a record); return its home page."""
+    import nbformat
+
+    work = out / "site-work"  # the pages' sources and Sphinx's scratch folders, kept to debug a build
+    shutil.rmtree(work, ignore_errors=True)
+    src = work / "src"
+    (src / "_figures").mkdir(parents=True)
+    executed = {p: nbformat.read(p, as_version=4) for p in sorted(out.glob("[0-9][0-9]_*.ipynb"))}
+    executed = {p: nb for p, nb in executed.items() if "course" in nb.metadata}  # run by this command
+    if not executed:
+        raise RuntimeError(f"no executed lesson in {out} to build the website from")
+    records = [nb.metadata["course"] for nb in executed.values()]
+    lessons = ["```{toctree}\n:hidden:\n:caption: Lessons\n\n" + "".join(f"{p.stem}\n" for p in executed) + "```\n"]
+    for path, nb in executed.items():
+        r = nb.metadata["course"]
+        title, figure = lesson_source(nb, path.name, src)
+        status = (f"ran in {r['seconds'] / 60:.1f} min, {r['checks_passed']} of {r['checks']} check cells passed"
+                  if r["ok"] else f"**FAILED**: {r['error']}")
+        lessons.append(f"### [{title}]({path.name})\n\n{status}\n")
+        if figure:
+            (src / "_figures" / f"{path.stem}.png").write_bytes(base64.b64decode(figure))
+            lessons.append(f"```{{image}} _figures/{path.stem}.png\n:class: lesson-figure\n"
+                           f":alt: the first figure of {path.stem}\n:target: {path.stem}.html\n```\n")
+    built = (f"This build: {len(records)} lessons run in the `{records[0]['profile']}` profile with PyTorch "
+             f"{records[0]['torch']} on {records[0]['machine']}; {sum(r['ok'] for r in records)} ran to the end, "
+             f"and {sum(r['checks_passed'] for r in records)} of {sum(r['checks'] for r in records)} check cells "
+             f"passed. Pages built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    home = (WEBSITE / "index.md").read_text().replace("% LESSON MAP", "\n".join(lessons))
+    (src / "index.md").write_text(home.replace("% BUILD RECORD", built))
+    from sphinx.cmd.build import build_main
+
+    code = build_main(["-q", "-E", "-b", "html", "-c", str(WEBSITE), "-d", str(work / "doctrees"),
+                       str(src), str(work / "html")])  # myst-nb puts its own scratch next to html/
+    if code:
+        raise RuntimeError(f"the website build failed (sphinx exit code {code}); its messages are above")
+    shutil.rmtree(out / "site", ignore_errors=True)
+    (work / "html").rename(out / "site")
+    return out / "site" / "index.html"
 
 
 def budget_table(rows: list[dict]) -> str:
@@ -177,7 +284,8 @@ def budget_table(rows: list[dict]) -> str:
                      f"{verdict if r['ok'] else 'FAILED'}")
     total = sum(r["seconds"] for r in rows) / 60
     budgets = [BUDGET_MINUTES.get(r["stem"][:2], 0) for r in rows]
-    lines.append(f"{'all':<22} {total:>7.1f} {sum(budgets):>6}  {'within' if total <= sum(budgets) else 'OVER'}")
+    verdict = "no budget" if not sum(budgets) else ("within" if total <= sum(budgets) else "OVER")
+    lines.append(f"{'all':<22} {total:>7.1f} {sum(budgets):>6}  {verdict}")
     return "\n".join(lines)
 
 
@@ -187,6 +295,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="lesson stems to run, e.g. 00_orientation")
     parser.add_argument("--cell-timeout", type=int, default=1800, help="seconds one cell may run")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="folder of NN_*.ipynb lessons")
+    parser.add_argument("--site-only", action="store_true", help="run no lesson: build the site from <out>")
     args = parser.parse_args()
     notebooks = sorted(args.notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
@@ -198,17 +307,23 @@ def main() -> None:
         notebooks = [nb for nb in notebooks if nb.stem in args.only]
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for nb in notebooks:
+    rows, machine = [], None if args.site_only else probe_machine()
+    for nb in [] if args.site_only else notebooks:
         print(f"running {nb.name} ...", flush=True)
-        ok, seconds, error = execute(nb, out, args.cell_timeout)
+        ok, seconds, error = execute(nb, out, args.cell_timeout, machine)
         rows.append(dict(stem=nb.stem, ok=ok, seconds=seconds, error=error, figures=figures(out, nb.stem)))
         print(f"  {'ok' if ok else 'FAILED: ' + error} in {seconds:.0f} s, {len(rows[-1]['figures'])} figures; "
               f"kernel's terminal output in {terminal_log(out, nb.stem).relative_to(out.parent)}",
               flush=True)
-    page = index_page(out, rows)
-    print("\n" + budget_table(rows))
-    print(f"\nOpen {page} (lessons as HTML, executed notebooks and figures in {out}).")
+    if rows:
+        print("\n" + budget_table(rows))
+    start = time.perf_counter()
+    try:
+        page = site(out)
+    except RuntimeError as e:
+        sys.exit(f"website: {e}")
+    print(f"\nwebsite built in {time.perf_counter() - start:.0f} s: open {page} "
+          f"(executed notebooks, figures and logs in {out}).")
     if not all(r["ok"] for r in rows):
         sys.exit(1)
 

@@ -1,14 +1,20 @@
 """helpers.build (what `make course` runs) and the profile switch."""
 
+import html
+import json
+import os
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 
 import nbformat
 import pytest
 
 import helpers
+from helpers.launch import pick_backend
 
+TITLE = "# 99 — A tiny lesson\n\nIt proves that zanzibar arithmetic holds, with $a = \\frac{1}{2}$.\n\n## The run"
 LESSON = [
     "from helpers.metrics import run_dir\nfrom helpers.plots import plot_curves\nimport helpers",
     "out = run_dir('99_tiny/run')\nplot_curves({'a': ([0, 1], [1, 0])}, 'tiny', 'step', 'loss', "
@@ -16,11 +22,16 @@ LESSON = [
     # a child process writes to the terminal it inherited from the kernel, not to the notebook
     "import subprocess, sys\n"
     "subprocess.run([sys.executable, '-c', 'import sys; print(\"child noise\", file=sys.stderr)'])",
+    "from helpers.launch import pick_backend\nprint('path:', pick_backend('auto', 2))",
+    "%%writefile tiny_check.py\nassert True  # a script's assert: not a check cell of the lesson",
+    "assert 1 + 1 == 2\nprint('checked')",
 ]
 
 
-def write_lesson(folder, name, cells):
+def write_lesson(folder, name, cells, title=None):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    if title:
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(title))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, folder / name)
 
@@ -30,23 +41,93 @@ def build(tmp_path, *flags):
                            "--notebooks", str(tmp_path), *flags], capture_output=True, text=True, timeout=300)
 
 
-def test_build_writes_notebook_html_figures_and_index(tmp_path):
-    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
-    done = build(tmp_path)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One build of the tiny lesson, site included: ``(process result, output folder)``."""
+    folder = tmp_path_factory.mktemp("tiny")
+    write_lesson(folder, "99_tiny.ipynb", LESSON, TITLE)
+    return build(folder), folder / "build"
+
+
+def test_build_writes_notebook_figures_logs_and_record(tiny):
+    done, out = tiny
     assert done.returncode == 0, done.stdout + done.stderr
-    out = tmp_path / "build"
     executed = nbformat.read(out / "99_tiny.ipynb", as_version=4)
-    assert any("profile" in o.get("text", "") for o in executed.cells[1].outputs)
-    assert (out / "99_tiny.html").stat().st_size > 1000
-    (figure,) = (out / "figures" / "99_tiny").glob("*.png")
-    index = (out / "index.html").read_text()
-    assert "99_tiny.html" in index and str(figure.relative_to(out)) in index
-    assert f"Open {out / 'index.html'}" in done.stdout
+    assert any("profile" in o.get("text", "") for o in executed.cells[2].outputs)
+    assert [p.name for p in (out / "figures" / "99_tiny").glob("*.png")] == ["99_tiny__run__tiny.png"]
     assert "child noise" not in done.stdout + done.stderr
     assert "child noise" in (out / "logs" / "99_tiny.log").read_text()
-    assert re.search(r"^  99_tiny: cell 1/3, \d+ s$", done.stdout, re.M), "progress: which cell runs, since when"
+    assert re.search(r"^  99_tiny: cell 1/6, \d+ s$", done.stdout, re.M), "progress: which cell runs, since when"
     table = done.stdout.split("lesson ")[1]
     assert "99_tiny" in table and "no budget" in table
+    record = executed.metadata["course"]
+    assert (record["ok"], record["checks"], record["checks_ran"], record["checks_passed"]) == (True, 1, 1, 1)
+    assert record["paths"] == [str(pick_backend("auto", 2))] and record["profile"] == "full"
+    assert record["torch"].startswith(version("torch")) and f"{os.cpu_count()} CPU cores" in record["machine"]
+    assert f"open {out / 'site' / 'index.html'}" in done.stdout
+
+
+def words(page: str) -> str:
+    """A page's text as a reader sees it: no tags, entities decoded, one space between words."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def site_pages(out):
+    """The site's pages (not the HTML templates the themes leave among their assets in ``_static/``)."""
+    return sorted((out / "site").glob("*.html"))
+
+
+def test_site_links_all_resolve(tiny):
+    _, out = tiny
+    pages = site_pages(out)
+    assert {"index.html", "99_tiny.html", "search.html"} <= {p.name for p in pages}
+    ids = {}
+    for page in pages:
+        for link in re.findall(r'(?:href|src)="([^"]*)"', page.read_text()):
+            if re.match(r"[a-z]+:", link) or link.startswith("data:"):
+                continue  # http(s), mailto, javascript: not a file of the site
+            target, _, anchor = link.split("?")[0].partition("#")
+            path = (page.parent / target).resolve() if target else page
+            assert path.exists(), f"{page.name} links to missing {link}"
+            if anchor and path.suffix == ".html":
+                ids.setdefault(path, set(re.findall(r'id="([^"]+)"', path.read_text())))
+                assert anchor in ids[path], f"{page.name} links to missing anchor {link}"
+    index = (out / "site" / "index.html").read_text()
+    assert 'href="99_tiny.html"' in index, "the home page and its sidebar list the lesson"
+    assert re.search(r'<img[^>]+src="_images/99_tiny.png"', index), "the lesson map shows the lesson's figure"
+
+
+def test_site_search_index_holds_the_lesson_words(tiny):
+    _, out = tiny
+    index = json.loads(re.fullmatch(r"Search.setIndex\((.*)\)\s*", (out / "site" / "searchindex.js").read_text(),
+                                    re.S).group(1))
+    lesson = index["docnames"].index("99_tiny")
+    docs = index["terms"]["zanzibar"]  # one document's number, or a list of them
+    assert lesson in (docs if isinstance(docs, list) else [docs])
+    assert '<script src="searchindex.js"' in (out / "site" / "search.html").read_text(), \
+        "the index loads as a script, which works from disk (a fetch would need a server)"
+
+
+def test_site_lesson_page_has_verification_record_outputs_and_launch(tiny):
+    _, out = tiny
+    page = (out / "site" / "99_tiny.html").read_text()
+    record = words(page[page.index("verification-record"):page.index("course-launch")])
+    assert "Verified by its run" in record and "Checks 1 of 1 check cells ran, 1 passed" in record
+    assert f"Device path {pick_backend('auto', 2)}" in record and "profile full" in record
+    assert f"PyTorch {version('torch')}" in record
+    assert "checked" in words(page) and "<math" in page, "outputs and formulas are on the page"
+    assert 'href="https://colab.research.google.com/github/' in page
+    assert "jupyter lab notebooks/99_tiny.ipynb" in words(page)
+    assert page.index("verification-record") < page.index("zanzibar"), "the record is at the top"
+
+
+def test_site_loads_nothing_from_the_network(tiny):
+    _, out = tiny
+    for page in site_pages(out):
+        for tag in re.findall(r"<(?:script|link|img|iframe)\b[^>]*>", page.read_text()):
+            assert not re.search(r'(?:src|href)="(?:https?:)?//', tag) or 'rel="search"' in tag, f"{page.name}: {tag}"
+    for sheet in (out / "site").rglob("*.css"):
+        assert not re.search(r"""(?:@import\s*|url\(\s*)["']?(?:https?:)?//""", sheet.read_text()), sheet.name
 
 
 def test_budget_table_compares_each_lesson_with_its_budget():
@@ -61,18 +142,30 @@ def test_budget_table_compares_each_lesson_with_its_budget():
     assert lines[4].split() == ["all", "8.5", "10", "within"]
 
 
-def test_failing_lesson_is_written_out_and_fails_the_build(tmp_path):
-    write_lesson(tmp_path, "98_broken.ipynb", ["raise RuntimeError('lesson bug')"])
+def test_failing_lesson_is_published_marked_failed_and_fails_the_build(tmp_path):
+    write_lesson(tmp_path, "98_broken.ipynb", ["assert 1 + 1 == 2",
+                                              "raise RuntimeError('lesson bug')", "assert 0 == 0"])
     done = build(tmp_path)
     assert done.returncode == 1
     assert "FAILED: RuntimeError: lesson bug" in done.stdout
-    assert "lesson bug" in (tmp_path / "build" / "98_broken.html").read_text()
+    page = (tmp_path / "build" / "site" / "98_broken.html").read_text()
+    record = words(page[page.index("verification-record"):page.index("course-launch")])
+    assert "This run FAILED" in record and "RuntimeError: lesson bug" in record
+    assert "1 of 2 check cells ran, 1 passed" in record
+    assert "FAILED" in (tmp_path / "build" / "site" / "index.html").read_text()
 
 
 def test_unknown_lesson_is_refused(tmp_path):
     write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
     done = build(tmp_path, "--only", "42_nothing")
     assert done.returncode == 2 and "no lesson named 42_nothing" in done.stderr
+
+
+def test_site_only_needs_executed_lessons(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path, "--site-only")
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"website: no executed lesson in {tmp_path / 'build'} to build the website from"]
 
 
 @pytest.mark.parametrize("value, expected", [(None, "full"), ("full", "full"), ("quick", "quick")])
@@ -110,5 +203,5 @@ def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
     written = write_lesson_scripts("01_ddp.ipynb", tmp_path / "scripts")
     assert "ddp_mnist.py" in [p.name for p in written]
     assert (tmp_path / "scripts" / "ddp_mnist.py").read_text() == notebook_scripts("01_ddp.ipynb")["ddp_mnist.py"]
-    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON[:4])
     assert write_lesson_scripts(tmp_path / "99_tiny.ipynb", tmp_path / "none") == []
