@@ -32,7 +32,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 WEBSITE = Path(__file__).resolve().parent.parent / "website"
 WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
 # minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
-BUDGET_MINUTES = {"00": 1, "01": 4, "02": 6, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3}
+BUDGET_MINUTES = {"00": 1, "01": 4, "02": 7, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3, "09": 4}
 
 
 def terminal_log(out: Path, stem: str) -> Path:
