@@ -32,7 +32,7 @@ def run(scripts, folder, design, observers, *flags, seed=3, episodes=4, timeout=
     2 s of a fresh interpreter importing torch.
     """
     if design == "single":
-        script, world = "single_process.py", ["--envs", observers]
+        script, world = "rl_single_process.py", ["--envs", observers]
     else:
         script, world = "rl_rpc.py", ["--design", design, "--world-size", observers + 1]
     flags = [*world, "--episodes", episodes, "--seed", seed, "--run-dir", folder, *flags]
@@ -42,7 +42,7 @@ def run(scripts, folder, design, observers, *flags, seed=3, episodes=4, timeout=
         try:
             run_in_this_process(scripts / script, *flags)
         finally:
-            torch.set_num_threads(threads)  # single_process.py sets one thread, on purpose
+            torch.set_num_threads(threads)  # rl_single_process.py sets one thread, on purpose
     else:
         run_script(scripts / script, *flags, echo=False, timeout=timeout)
     records = read_metrics(folder)
@@ -87,11 +87,11 @@ def test_each_step_cost_replays_the_same_episodes_and_burns_its_cpu_time(scripts
     ("rl_rpc.py", ["--env", "NoSuchEnv-v0"], "unknown environment id 'NoSuchEnv-v0'"),
     ("rl_rpc.py", ["--design", "fast"], "argument --design: invalid choice: 'fast'"),
     ("rl_rpc.py", ["--episodes", "0"], "argument --episodes: must be an integer >= 1"),
-    ("single_process.py", ["--envs", "0"], "argument --envs: must be an integer >= 1"),
-    ("single_process.py", ["--gamma", "1"], "argument --gamma: must be a finite number >= 0 and < 1"),
-    ("single_process.py", ["--dropout", "nan"], "argument --dropout: must be a finite number"),
-    ("single_process.py", ["--lr", "0"], "argument --lr: must be a finite number <= 1 and > 0"),
-    ("single_process.py", ["--run-dir", "/dev/null/runs"], "argument --run-dir: cannot create folder"),
+    ("rl_single_process.py", ["--envs", "0"], "argument --envs: must be an integer >= 1"),
+    ("rl_single_process.py", ["--gamma", "1"], "argument --gamma: must be a finite number >= 0 and < 1"),
+    ("rl_single_process.py", ["--dropout", "nan"], "argument --dropout: must be a finite number"),
+    ("rl_single_process.py", ["--lr", "0"], "argument --lr: must be a finite number <= 1 and > 0"),
+    ("rl_single_process.py", ["--run-dir", "/dev/null/runs"], "argument --run-dir: cannot create folder"),
 ], ids=["step-cost-no-observer", "negative-step-cost", "threshold-above-max", "unknown-env", "unknown-design",
         "no-episode", "no-environment", "gamma-1", "dropout-nan", "lr-0", "run-dir-not-a-folder"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, message, tmp_path):
