@@ -43,14 +43,15 @@ def test_failing_rank_ends_the_run_with_its_traceback(scripts):
 @pytest.mark.parametrize("script, flags, message", [
     ("hello_ranks.py", ["--world-size", 0], "--world-size: must be an integer >= 1 and <= 64, got 0"),
     ("hello_ranks.py", ["--world-size", 2, "--fail-rank", 5], "--fail-rank 5 is not a rank of a world of 2"),
+    ("hello_ranks.py", ["--work-seconds", -1], "--work-seconds: must be a finite number >= 0"),
     ("hello_ranks.py", ["--device", "tpu"], "invalid choice: 'tpu'"),
     pytest.param("hello_ranks.py", ["--backend", "nccl"], "needs one GPU per rank",
                  marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
     ("rpc_primer.py", ["--run-dir", "/proc/no/such/folder"],
      "argument --run-dir: cannot create folder '/proc/no/such/folder'"),
     ("rpc_latency.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
-], ids=["world-size-0", "fail-rank-outside-world", "unknown-device", "nccl-without-gpus", "run-dir-not-creatable",
-        "max-bytes-below-4"])
+], ids=["world-size-0", "fail-rank-outside-world", "work-seconds-negative", "unknown-device", "nccl-without-gpus",
+        "run-dir-not-creatable", "max-bytes-below-4"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)
 

@@ -47,8 +47,9 @@ def test_scaling_times_compute_allreduce_and_step_for_every_setting(scripts, tmp
      "argument --run-dir: cannot create folder '/proc/no/such/folder'"),
     ("ddp_proof.py", ["--steps", 1000], "more than the"),
     ("ddp_scaling.py", ["--batch-sizes", 16, 0], "--batch-sizes: must be an integer >= 1"),
+    ("checkpoint_killed.py", ["--writer", "zip", "--run-dir", "x"], "argument --writer: invalid choice: 'zip'"),
 ], ids=["step-world-size-0", "checkpoint-steps-0", "split-cuda-without-gpu", "mnist-lr-negative",
         "mnist-batch-not-divisible", "mnist-run-dir-not-creatable",
-        "proof-steps-beyond-data", "scaling-batch-size-0"])
+        "proof-steps-beyond-data", "scaling-batch-size-0", "killed-save-unknown-writer"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)

@@ -34,6 +34,19 @@ def test_scripts_are_written_to_the_ignored_scripts_folder(path):
     assert all(t.startswith("scripts/") for t in targets), targets
 
 
+def test_no_two_notebooks_write_the_same_script():
+    """Every %%writefile path is the course's own: two lessons open at once would otherwise run each other's."""
+    writers = {}
+    for path in NOTEBOOKS:
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code" and source.startswith("%%writefile"):
+                words = source.split()
+                writers.setdefault(words[2] if words[1] == "-a" else words[1], set()).add(path.name)
+    shared = {script: sorted(names) for script, names in writers.items() if len(names) > 1}
+    assert not shared, f"scripts written by more than one notebook: {shared}"
+
+
 def test_every_lesson_script_passes_the_linter(tmp_path):
     """ruff skips %%writefile cells in notebooks, so the scripts they write are linted here."""
     import subprocess
