@@ -40,7 +40,7 @@ def test_rpc_shards_take_a_gpu_each_share_one_or_stay_on_the_cpu(scripts, monkey
 
 def test_micro_batches_beyond_the_rpc_thread_pool_run_to_the_end(scripts, tmp_path):
     # each waiting forward holds an RPC thread: with TensorPipe's default pool of 16 this hung until the time-out
-    run_script(scripts["pipeline_rpc.py"], "--image-size", 64, "--batch-size", 32, "--micro-batches", 16, 32,
+    run_script(scripts["pipeline_rpc.py"], "--image-size", 40, "--batch-size", 32, "--micro-batches", 16, 32,
                "--batches", 1, "--warmup", 0, "--idle", 0, "--run-dir", tmp_path, echo=False, timeout=120)
     records = [r for r in read_metrics(tmp_path) if "micro_batches" in r]
     assert [r["micro_batches"] for r in records] == [16, 32]
