@@ -43,7 +43,8 @@ def scripts(tmp_path_factory):
         "compress-steps", "fake-world-size"])
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
     """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
-    assert message in refusal(scripts[script], *flags)
+    folder = scripts[script].parent  # where a default --run-dir is made as the flags are read
+    assert message in refusal(scripts[script], *flags, cwd=folder)
 
 
 def test_same_seed_gives_the_same_gradients(scripts, tmp_path):
