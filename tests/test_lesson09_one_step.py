@@ -1,0 +1,59 @@
+"""Lesson 09 (one step at scale): what the notebook does not check itself.
+
+The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the bytes of
+a step and how activations grow, checkpointing's saved bytes and equal gradients, accumulation with no_sync
+equal to one process with its all-reduces counted, bfloat16's bytes per collective and loss, one all-reduce
+per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
+bytes per rank to 64 ranks with the fake process group, and three refusals started from the command line.
+What is left: every script's flag checks, run in this process (no interpreter, no worker), and the same seed
+giving the same numbers.
+"""
+
+import json
+
+import pytest
+from conftest import refusal, run_in_this_process, write_scripts
+
+NOTEBOOK = "09_one_step.ipynb"
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lesson09")
+    return write_scripts(folder, NOTEBOOK)
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("step_anatomy.py", ["--dim", 100, "--heads", 3], "--heads 3 must divide --dim 100"),
+    ("step_anatomy.py", ["--batch-sizes", 0], "--batch-sizes: must be an integer >= 1"),
+    ("step_checkpoint.py", ["--repeats", 0], "--repeats: must be an integer >= 1"),
+    ("step_accumulate.py", ["--world-size", 2, "--micro-steps", 3, "--batch-size", 16],
+     "--batch-size 16 must be a multiple of --world-size x --micro-steps = 6"),
+    ("step_accumulate.py", ["--world-size", 0], "--world-size: must be an integer >= 1 and <= 64, got 0"),
+    ("step_precision.py", ["--modes", "float8"], "invalid choice: 'float8'"),
+    ("step_precision.py", ["--world-size", 3, "--batch-size", 16],
+     "--batch-size 16 must be a multiple of --world-size 3"),
+    ("step_overlap.py", ["--bucket-mb", 0], "--bucket-mb: must be a finite number > 0"),
+    ("step_overlap.py", ["--world-size", 2, "--batch-size", 3], "--batch-size 3 must be a multiple of --world-size 2"),
+    ("step_compress.py", ["--hooks", "powersgd1", "--bucket-mb", 0.1], "PowerSGD here needs the whole model"),
+    ("step_compress.py", ["--steps", 4], "--steps: must be an integer >= 5"),
+    ("step_fake_world.py", ["--world-sizes", 0], "--world-sizes: must be an integer >= 1"),
+], ids=["anatomy-heads", "anatomy-batch", "checkpoint-repeats", "accumulate-batch", "accumulate-world",
+        "precision-mode", "precision-batch", "overlap-bucket", "overlap-batch", "compress-powersgd-bucket",
+        "compress-steps", "fake-world-size"])
+def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
+    """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
+    folder = scripts[script].parent  # where a default --run-dir is made as the flags are read
+    assert message in refusal(scripts[script], *flags, cwd=folder)
+
+
+def test_same_seed_gives_the_same_gradients(scripts, tmp_path):
+    """step_checkpoint.py twice with seed 0 and once with seed 1: the largest gradient repeats only with the seed."""
+    largest = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        run_in_this_process(scripts["step_checkpoint.py"], "--batch-size", 2, "--repeats", 1, "--dim", 16,
+                            "--hidden", 32, "--blocks", 1, "--seq-len", 8, "--device", "cpu", "--seed", seed,
+                            "--run-dir", tmp_path / name)
+        records = [json.loads(line) for line in (tmp_path / name / "rank0.jsonl").read_text().splitlines()]
+        largest.append(records[-1]["grad_max"])
+    assert largest[0] == largest[1] != largest[2]
