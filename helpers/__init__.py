@@ -2,8 +2,12 @@
 
 Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
 ``metrics`` (per-rank JSON lines), ``plots`` (the course's figures),
-``data`` (MNIST, online or the shipped subset), ``system`` (what differs between Linux, macOS and
-Windows). Importing changes no global state.
+``data`` (MNIST, online or the shipped subset), ``flags`` (argparse types with domains),
+``checkpoint`` (atomic saves), ``compare`` (differences between tensors), ``system`` (what differs
+between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),
+``measure`` (lesson 04's timeline, page faults and allocator arenas), ``meters`` (lesson 08's bytes
+per rank), ``anatomy`` (lesson 09's saved-activation bytes, collective log and profiler rows),
+``build`` (what ``make course`` runs). Importing changes no global state.
 """
 
 import os
