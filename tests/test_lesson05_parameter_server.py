@@ -38,7 +38,7 @@ def modules(scripts):
 
     yield {"rpc_ps.py": rpc_ps, "sync_ps.py": sync_ps, "ps_nets": ps_nets}
     sys.path.remove(str(scripts))
-    for name in ("rpc_ps", "sync_ps", "ps_nets"):
+    for name in ("rpc_ps", "sync_ps", "ps_nets", "rpc_ps_flags", "sync_ps_flags", "sync_ps_evaluator"):
         sys.modules.pop(name, None)
 
 
