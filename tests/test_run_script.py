@@ -62,8 +62,10 @@ def test_timeout_kills_every_process_of_the_run(tmp_path):
 def test_interrupt_kills_every_process_of_the_run(tmp_path):
     driver = (f"from helpers.launch import run_script\n"
               f"run_script({str(SCRIPT)!r}, '--world-size', '2', '--hang', '--out', {str(tmp_path)!r})\n")
-    notebook = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+    # A kernel handles SIGINT. A shell without job control starts background jobs with SIGINT ignored, which
+    # children inherit and Python then honours: give the driver the default handling, as a kernel has.
+    notebook = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = worker_pids(tmp_path, 2)
     notebook.send_signal(signal.SIGINT)  # what the notebook's "interrupt kernel" sends
     try:  # run_script needs at most ~8 s to end the group; the rest is room for a loaded machine
