@@ -1,7 +1,7 @@
 """Measure the anatomy of one training step: what autograd saves, what a rank holds, what goes on the wire.
 
 * :class:`SavedTensorBytes` counts the bytes of the tensors autograd keeps for backward (saved-tensor hooks);
-* :func:`held_bytes` adds up the bytes of tensors a rank holds (a ``DTensor`` by its local shard);
+* :func:`optimizer_bytes` adds up an optimizer's state tensors (with :func:`helpers.meters.local_bytes`);
 * :class:`CollectiveLog` records every collective launched through PyTorch's dispatcher: kind, dtype, bytes;
 * :func:`timeline` turns a ``torch.profiler`` run into rows of (name, thread, start, duration) to draw.
 
@@ -19,6 +19,8 @@ from collections.abc import Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from helpers.meters import local_bytes
 
 
 class SavedTensorBytes:
@@ -71,16 +73,9 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def held_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of ``tensors`` as this rank holds them: a ``DTensor`` counts its local shard only; ``None`` counts 0."""
-    from torch.distributed.tensor import DTensor
-
-    return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors if t is not None)
-
-
 def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of an optimizer's state tensors (Adam: ``exp_avg``, ``exp_avg_sq`` and a ``step`` per parameter)."""
-    return held_bytes(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+    return local_bytes(v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
 
 
 _KINDS = (("allreduce", "all-reduce"), ("allgather", "all-gather"), ("reducescatter", "reduce-scatter"),

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.anatomy import CollectiveLog, SavedTensorBytes, held_bytes, optimizer_bytes, timeline
+from helpers.anatomy import CollectiveLog, SavedTensorBytes, optimizer_bytes, timeline
+from helpers.meters import local_bytes
 
 
 @pytest.fixture
@@ -44,12 +45,12 @@ def test_held_and_optimizer_bytes_of_plain_tensors():
     layer(torch.randn(3, 10)).sum().backward()
     optimizer.step()
     params = list(layer.parameters())
-    assert held_bytes(params) == held_bytes(p.grad for p in params) == 4 * 220
-    assert held_bytes([None, params[0]]) == 4 * 200
+    assert local_bytes(params) == local_bytes(p.grad for p in params) == 4 * 220
+    assert local_bytes([None, params[0]]) == 4 * 200
     assert optimizer_bytes(optimizer) == 2 * 4 * 220 + 2 * 4  # two moments and a float32 step per tensor
 
 
-def test_held_bytes_count_a_dtensor_by_its_local_shard():
+def test_local_bytes_count_a_dtensor_by_its_local_shard():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -57,7 +58,7 @@ def test_held_bytes_count_a_dtensor_by_its_local_shard():
     dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
     try:
         sharded = distribute_tensor(torch.zeros(8, 4), init_device_mesh("cpu", (4,)), [Shard(0)])
-        assert held_bytes([sharded]) == 2 * 4 * 4
+        assert local_bytes([sharded]) == 2 * 4 * 4
     finally:
         dist.destroy_process_group()
 
