@@ -45,12 +45,13 @@ def test_failing_rank_ends_the_run_with_its_traceback(scripts):
     ("hello_ranks.py", ["--world-size", 2, "--fail-rank", 5], "--fail-rank 5 is not a rank of a world of 2"),
     ("hello_ranks.py", ["--work-seconds", -1], "--work-seconds: must be a finite number >= 0"),
     ("hello_ranks.py", ["--device", "tpu"], "invalid choice: 'tpu'"),
+    ("hello_ranks.py", ["--init-method", "/tmp/meet"], "--init-method '/tmp/meet' must start with file://"),
     pytest.param("hello_ranks.py", ["--backend", "nccl"], "needs one GPU per rank",
                  marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
     ("rpc_primer.py", ["--run-dir", "a-file/runs"], "argument --run-dir: cannot create folder 'a-file/runs'"),
     ("rpc_latency.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
-], ids=["world-size-0", "fail-rank-outside-world", "work-seconds-negative", "unknown-device", "nccl-without-gpus",
-        "run-dir-not-creatable", "max-bytes-below-4"])
+], ids=["world-size-0", "fail-rank-outside-world", "work-seconds-negative", "unknown-device", "init-method-not-a-url",
+        "nccl-without-gpus", "run-dir-not-creatable", "max-bytes-below-4"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     (tmp_path / "a-file").write_text("")  # no folder can be made inside a file, on any system, even as root
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)
