@@ -175,10 +175,14 @@ def is_check(cell) -> bool:
 def record(nb, seconds: float, error: str, machine: dict) -> dict:
     """The verification record of an executed lesson: what ran where, how long, and which checks passed.
 
-    ``paths`` are the placement lines (see ``helpers.launch.Placement``) the lesson printed, in order.
+    ``paths`` are what the lesson printed of the path its workers took, in order: the placement lines of
+    ``helpers.launch.Placement``, and the text of lines that begin ``path: `` (after a ``[rank N]`` prefix)
+    in which no placement line appears, as RPC lessons print where each role computes.
     """
     printed = "".join(o.get("text", "") for c in nb.cells if c["cell_type"] == "code" for o in c.get("outputs", []))
-    found = sorted((p for p in machine["paths"] if p in printed), key=printed.index)
+    stated = re.findall(r"^(?:\[rank \d+\] )?path: (.+?)\s*$", printed, re.M)
+    placements = {p for p in machine["paths"] if p in printed}
+    found = sorted(placements | {s for s in stated if not any(p in s for p in machine["paths"])}, key=printed.index)
     checks = [c for c in nb.cells if is_check(c)]
     ran = [c for c in checks if c.get("execution_count") is not None]
     passed = [c for c in ran if not any(o["output_type"] == "error" for o in c.get("outputs", []))]

@@ -186,6 +186,20 @@ def test_unknown_profile_is_refused(monkeypatch):
         helpers.course_profile()
 
 
+def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
+    from helpers.build import record
+
+    placement = str(pick_backend("auto", 2))
+    printed = (f"[rank 0] path: {placement}; float64\n"  # a placement line with more after it: the placement
+               "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
+               "the run's path: not a path line\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("run()")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    machine = dict(torch="2.14.1", cores=2, gpus=0, gpu="", paths=[placement, "gloo on 9 GPUs"])
+    paths = record(nb, 1.0, "", machine)["paths"]
+    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU"], paths
+
+
 def test_progress_counts_code_cells_only():
     import io
 
