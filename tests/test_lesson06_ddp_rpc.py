@@ -25,11 +25,14 @@ def scripts(tmp_path_factory):
     return folder
 
 
-# the notebook shows --world-size 3, --dense orthogonal and --penalty 0 failing; these are the others
+# every refusal, in this process; the notebook's quick run starts only the first of its own as a script
 @pytest.mark.parametrize("script, flags, message", [
+    ("ddp_rpc.py", ["--world-size", "3"], "--world-size 3: this script has 4 roles"),
+    ("ddp_rpc.py", ["--dense", "orthogonal"], "argument --dense: invalid choice: 'orthogonal'"),
+    ("ddp_rpc.py", ["--penalty", "0"], "argument --penalty: must be a finite number > 0, got 0"),
     ("ddp_rpc.py", ["--batch-size", "33"], "--batch-size 33 is odd"),
     ("ddp_rpc_single_process.py", ["--penalty", "-1"], "--penalty: must be a finite number > 0"),
-], ids=["odd-batch", "negative-penalty"])
+], ids=["world-size-3", "unknown-dense", "zero-penalty", "odd-batch", "negative-penalty"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts / script, *flags, cwd=tmp_path)
 
