@@ -267,8 +267,15 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(_spawned, args=(fn, args, plan, threads), nprocs=world_size,
-                           start_method="spawn")
+        context = mp.start_processes(_spawned, args=(fn, args, plan, threads), nprocs=world_size,
+                                     start_method="spawn", join=False)
+        try:
+            while not context.join():
+                pass
+        finally:  # a worker that raised left its traceback in a temporary file, which PyTorch keeps
+            for path in context.error_files:
+                if os.path.exists(path):
+                    os.remove(path)
     except mp.ProcessRaisedException as e:
         raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}") from None
     except mp.ProcessExitedException as e:

@@ -81,14 +81,19 @@ def test_workers_get_this_systems_loopback_interface_and_keep_the_users_choice(t
 
 
 def test_worker_error_ends_run_with_traceback(tmp_path):
+    temporary = tmp_path / "tmp"  # the run's temporary folder: its rendezvous files, the traceback's file
+    temporary.mkdir()
     start = time.perf_counter()
     with pytest.raises(ScriptError) as failed:
-        run_script(SCRIPT, "--world-size", 3, "--fail-rank", 1, "--out", tmp_path, echo=False, timeout=300)
+        run_script(SCRIPT, "--world-size", 3, "--fail-rank", 1, "--out", tmp_path, echo=False, timeout=300,
+                   env={"TMPDIR": str(temporary)})
     seconds = time.perf_counter() - start
     message = str(failed.value)
     assert message.splitlines()[0].endswith("ZeroDivisionError: deliberate failure on rank 1")
     assert "rank 1 raised" in message and 'collective.py", line' in message, "the rank's traceback"
     assert seconds < 60, f"the failure took {seconds:.0f} s to end the run (ranks 0 and 2 wait in a barrier)"
+    left = [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")]  # a cache PyTorch keeps
+    assert not left, f"the failed run left {left} behind"
 
 
 def test_what_a_finished_worker_left_unflushed_is_printed(tmp_path):
