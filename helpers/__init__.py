@@ -5,8 +5,8 @@ Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
 ``data`` (MNIST, online or the shipped subset), ``flags`` (argparse types with domains),
 ``checkpoint`` (atomic saves), ``compare`` (differences between tensors), ``system`` (what differs
 between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),
-``measure`` (lesson 04's timeline, page faults and allocator arenas), ``meters`` (lesson 08's bytes
-per rank), ``anatomy`` (lesson 09's saved-activation bytes, collective log and profiler rows),
+``measure`` (lesson 05's timeline, page faults and allocator arenas), ``meters`` (lesson 09's bytes
+per rank), ``anatomy`` (lesson 10's saved-activation bytes, collective log and profiler rows),
 ``build`` (what ``make course`` runs). Importing changes no global state.
 """
 

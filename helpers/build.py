@@ -32,7 +32,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 WEBSITE = Path(__file__).resolve().parent.parent / "website"
 WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
 # minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
-BUDGET_MINUTES = {"00": 1, "01": 4, "02": 7, "03": 3, "04": 5, "05": 5, "06": 2, "07": 4, "08": 3, "09": 4}
+BUDGET_MINUTES = {"00": 1, "02": 4, "03": 7, "04": 3, "05": 5, "06": 5, "07": 2, "08": 4, "09": 3, "10": 4}
 
 
 def terminal_log(out: Path, stem: str) -> Path:
@@ -48,7 +48,7 @@ def runs(cell) -> bool:
 def notebook_scripts(notebook) -> dict[str, str]:
     """``{file name: source}`` of every ``%%writefile`` cell of a lesson, in cell order.
 
-    ``notebook`` is a path, or a lesson's file name in ``notebooks/`` (e.g. ``"01_ddp.ipynb"``).
+    ``notebook`` is a path, or a lesson's file name in ``notebooks/`` (e.g. ``"02_ddp.ipynb"``).
     """
     path = Path(notebook) if Path(notebook).is_file() else NOTEBOOKS / notebook
     scripts = {}

@@ -161,7 +161,7 @@ class Worker:
         The transport defaults to ``uv`` (TCP, on loopback for a local run): TensorPipe would otherwise pick
         its shared-memory transport, whose reactor polls while it waits and keeps about a core busy in every
         idle process; with more RPC processes than cores that takes the cores from the ranks that compute.
-        Pass ``_transports=["shm", "uv"]`` to get TensorPipe's own choice back (lesson 04 measures both); shm
+        Pass ``_transports=["shm", "uv"]`` to get TensorPipe's own choice back (lesson 05 measures both); shm
         exists on Linux only, and where it does not (macOS) TensorPipe skips it and uses uv.
         Stops in one line where PyTorch has no ``torch.distributed.rpc`` (:func:`helpers.system.require_rpc`).
         """

@@ -1,6 +1,6 @@
 """Measuring beside a training step: clocks that wait for the GPU, phase laps, bytes held, collectives counted.
 
-Lessons 06 and 08 time and count their steps with these, so that their scripts keep the step itself in view.
+Lessons 07 and 09 time and count their steps with these, so that their scripts keep the step itself in view.
 """
 
 import time

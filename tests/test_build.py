@@ -136,11 +136,11 @@ def test_site_loads_nothing_from_the_network(tiny):
 def test_budget_table_compares_each_lesson_with_its_budget():
     from helpers.build import budget_table
 
-    rows = [dict(stem="00_orientation", seconds=50, ok=True), dict(stem="02_rl_rpc", seconds=450, ok=True),
-            dict(stem="03_rnn", seconds=60, ok=False)]
+    rows = [dict(stem="00_orientation", seconds=50, ok=True), dict(stem="03_rl_rpc", seconds=450, ok=True),
+            dict(stem="04_rnn", seconds=60, ok=False)]
     lines = budget_table(rows).splitlines()
     assert lines[1].split() == ["00_orientation", "0.8", "1", "within"]
-    assert lines[2].split() == ["02_rl_rpc", "7.5", "7", "OVER"]
+    assert lines[2].split() == ["03_rl_rpc", "7.5", "7", "OVER"]
     assert lines[3].split()[-1] == "FAILED"
     assert lines[4].split() == ["all", "9.3", "11", "within"]
 
@@ -217,8 +217,8 @@ def test_progress_counts_code_cells_only():
 def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
     from helpers.build import notebook_scripts, write_lesson_scripts
 
-    written = write_lesson_scripts("01_ddp.ipynb", tmp_path / "scripts")
+    written = write_lesson_scripts("02_ddp.ipynb", tmp_path / "scripts")
     assert "ddp_mnist.py" in [p.name for p in written]
-    assert (tmp_path / "scripts" / "ddp_mnist.py").read_text() == notebook_scripts("01_ddp.ipynb")["ddp_mnist.py"]
+    assert (tmp_path / "scripts" / "ddp_mnist.py").read_text() == notebook_scripts("02_ddp.ipynb")["ddp_mnist.py"]
     write_lesson(tmp_path, "99_tiny.ipynb", LESSON[:4])
     assert write_lesson_scripts(tmp_path / "99_tiny.ipynb", tmp_path / "none") == []

@@ -1,4 +1,4 @@
-"""The novel shipped for lesson 03: the bytes data/README.md documents, and real English prose."""
+"""The novel shipped for lesson 04: the bytes data/README.md documents, and real English prose."""
 
 import hashlib
 import re

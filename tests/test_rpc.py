@@ -27,7 +27,7 @@ def test_rpc_helpers_act_on_the_owners_objects(tmp_path):
 
 
 def test_hiding_the_deprecation_leaves_other_warnings_alone(monkeypatch):
-    # In real runs, lesson 03's check cells assert the warning shown once per owner, then hidden by this filter.
+    # In real runs, lesson 04's check cells assert the warning shown once per owner, then hidden by this filter.
     shown = []
     monkeypatch.setattr(warnings, "showwarning", lambda message, *rest, **kw: shown.append(str(message)))
     hide_functional_optimizer_warning()

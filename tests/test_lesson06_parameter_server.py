@@ -1,4 +1,4 @@
-"""Lesson 05: the RPC parameter server (rpc_ps.py) and the synchronous one (sync_ps.py), run for real.
+"""Lesson 06: the RPC parameter server (rpc_ps.py) and the synchronous one (sync_ps.py), run for real.
 
 The notebook's quick run checks its own runs (the naive race, the versioned server with 1 and 2 trainers
 and its eval mode, the evaluator's checkpoints, fp16 bytes, lockstep and backup workers, one bad flag of
@@ -16,14 +16,14 @@ from helpers.data import load_mnist
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "05_parameter_server.ipynb"
+NOTEBOOK = "06_parameter_server.ipynb"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
 STEPS, EVAL_FREQ, SLOW_MS = 16, 4, 30
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson05_scripts")
+    folder = tmp_path_factory.mktemp("lesson06_scripts")
     write_scripts(folder, NOTEBOOK)
     return folder
 

@@ -1,4 +1,4 @@
-"""Lesson 09 (one step at scale): what the notebook does not check itself.
+"""Lesson 10 (one step at scale): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the bytes of
 a step and how activations grow, checkpointing's saved bytes and equal gradients, accumulation with no_sync
@@ -14,12 +14,12 @@ import json
 import pytest
 from conftest import refusal, run_in_this_process, write_scripts
 
-NOTEBOOK = "09_one_step.ipynb"
+NOTEBOOK = "10_one_step.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson09")
+    folder = tmp_path_factory.mktemp("lesson10")
     return write_scripts(folder, NOTEBOOK)
 
 

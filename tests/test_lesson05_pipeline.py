@@ -1,4 +1,4 @@
-"""Lesson 04 (pipeline parallelism): what the notebook's own runs do not show.
+"""Lesson 05 (pipeline parallelism): what the notebook's own runs do not show.
 
 The notebook's quick run launches every script on tiny images, and its check cells assert the lesson's
 claims on those runs: the pipelined step against the whole model (both BatchNorm modes), the timeline of
@@ -17,12 +17,12 @@ from conftest import refusal, write_scripts
 from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "04_pipeline.ipynb"
+NOTEBOOK = "05_pipeline.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson04")
+    folder = tmp_path_factory.mktemp("lesson05")
     return write_scripts(folder, NOTEBOOK)
 
 

@@ -1,4 +1,4 @@
-"""Lesson 08 (sharding the model): what the notebook does not check itself.
+"""Lesson 09 (sharding the model): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, already assert every claim of its runs: each
 layout's bytes per rank against ZeRO's formula, its collectives, the same steps as one process in float64,
@@ -10,12 +10,12 @@ not coverage. What is left: every script's flag checks, run in this process (no 
 import pytest
 from conftest import refusal, write_scripts
 
-NOTEBOOK = "08_sharding.ipynb"
+NOTEBOOK = "09_sharding.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson08")
+    folder = tmp_path_factory.mktemp("lesson09")
     return write_scripts(folder, NOTEBOOK)
 
 

@@ -1,4 +1,4 @@
-"""Lesson 02: the agent/observer RPC script (rl_rpc.py), its single-process baseline and the recipe they share.
+"""Lesson 03: the agent/observer RPC script (rl_rpc.py), its single-process baseline and the recipe they share.
 
 The notebook's check cells already assert, on its own runs, the counts of every agent episode (RPCs = 2·steps
 naive and = steps batched on both sides, forward passes = steps naive and = the longest episode's steps batched
@@ -15,12 +15,12 @@ from conftest import refusal, run_in_this_process, write_scripts
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "02_rl_rpc.ipynb"
+NOTEBOOK = "03_rl_rpc.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson02")
+    folder = tmp_path_factory.mktemp("lesson03")
     write_scripts(folder, NOTEBOOK)
     return folder
 

@@ -1,4 +1,4 @@
-"""Lesson 01 (DistributedDataParallel): what the notebook's run does not cover.
+"""Lesson 02 (DistributedDataParallel): what the notebook's run does not cover.
 
 The notebook's check cells assert the lesson's claims on its own runs of ddp_step, ddp_checkpoint, ddp_split,
 ddp_mnist, ddp_proof (also under torchrun) and ddp_scaling; these tests add the scaling script's records for
@@ -12,7 +12,7 @@ from conftest import refusal
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "01_ddp.ipynb"
+NOTEBOOK = "02_ddp.ipynb"
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 

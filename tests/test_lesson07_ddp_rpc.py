@@ -1,4 +1,4 @@
-"""Lesson 06: DDP and RPC together (ddp_rpc.py) and its single-process baseline (ddp_rpc_single_process.py).
+"""Lesson 07: DDP and RPC together (ddp_rpc.py) and its single-process baseline (ddp_rpc_single_process.py).
 
 The notebook runs both scripts with both dense layers and its check cell asserts each claim of the lesson on
 those runs (every epoch logged, the loss halved, identical replicas that moved, nothing left in .grad, the
@@ -15,12 +15,12 @@ from conftest import refusal, write_scripts
 
 from helpers.launch import pick_backend
 
-NOTEBOOK = "06_ddp_rpc.ipynb"
+NOTEBOOK = "07_ddp_rpc.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson06")
+    folder = tmp_path_factory.mktemp("lesson07")
     write_scripts(folder, NOTEBOOK)
     return folder
 

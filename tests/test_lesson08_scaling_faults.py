@@ -1,4 +1,4 @@
-"""Lesson 07 (scaling out, surviving faults): what the notebook cannot show safely, and the batch script.
+"""Lesson 08 (scaling out, surviving faults): what the notebook cannot show safely, and the batch script.
 
 The two-node equality, the kill-and-resume run and the collective mismatch run in the notebook itself (quick
 profile), with their check cells; here: the kill in the middle of a save, the batch script, the bad flags.
@@ -15,7 +15,7 @@ from conftest import refusal, run_in_this_process, write_scripts
 
 from helpers.launch import ScriptError, run_script
 
-NOTEBOOK = "07_scaling_faults.ipynb"
+NOTEBOOK = "08_scaling_faults.ipynb"
 TRAIN = ["--world-size", 2, "--steps", 20, "--checkpoint-every", 10, "--batch-size", 32, "--train-samples", 512,
          "--seed", 3, "--backend", "gloo", "--device", "cpu"]
 
@@ -50,9 +50,9 @@ runpy.run_path(script, run_name="__main__")
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    """Lesson 07's scripts next to lesson 01's, which elastic_mnist.py imports its model from."""
-    folder = tmp_path_factory.mktemp("lesson07")
-    write_scripts(folder, "01_ddp.ipynb", NOTEBOOK)
+    """Lesson 08's scripts next to lesson 02's, which elastic_mnist.py imports its model from."""
+    folder = tmp_path_factory.mktemp("lesson08")
+    write_scripts(folder, "02_ddp.ipynb", NOTEBOOK)
     (folder / "die_in_save.py").write_text(DIE_IN_SAVE)
     return folder
 

@@ -1,4 +1,4 @@
-"""Lesson 03: the character LSTM split over RPC (rnn_train.py, rnn_proof.py), run for real with small settings.
+"""Lesson 04: the character LSTM split over RPC (rnn_train.py, rnn_proof.py), run for real with small settings.
 
 The notebook's check cells assert the proof's claims (distributed step = local step, no accumulation across
 contexts, the warning hidden) on its own run of rnn_proof.py; these tests train on three seeds (determinism),
@@ -15,14 +15,14 @@ from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
 from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION
 
-NOTEBOOK = "03_rnn_dist_autograd.ipynb"
+NOTEBOOK = "04_rnn_dist_autograd.ipynb"
 SMALL = ["--hidden", 32, "--emb-dim", 16, "--batch-size", 8, "--seq-len", 30]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson03")
+    folder = tmp_path_factory.mktemp("lesson04")
     write_scripts(folder, NOTEBOOK)
     return folder
 
