@@ -2,12 +2,13 @@
 #   make course   install, then execute every notebook (full profile) into build/ and build the website,
 #                 build/site/ (open build/site/index.html; `python -m helpers.build --site-only` rebuilds it alone)
 #   make test     install, then run every test (quick profile, no download attempt), notebooks included
+#   make exercises  the learner's version of each lesson (solutions replaced by NotImplementedError), build/exercises/
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: course test install lint clean
+.PHONY: course test exercises install lint clean
 
 course: install
 	COURSE_PROFILE=full $(PY) -m helpers.build --out build
@@ -15,6 +16,9 @@ course: install
 test: install
 	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs COURSE_OFFLINE=1 \
 		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300 --durations=15
+
+exercises: install
+	$(PY) -m helpers.exercises --out build/exercises
 
 install: $(STAMP)
 

@@ -167,9 +167,11 @@ def probe_machine() -> dict:
 
 
 def is_check(cell) -> bool:
-    """A check cell: a code cell that asserts (not a ``%%writefile`` cell, whose asserts belong to a script)."""
+    """A check cell: a code cell that asserts or gives an exercise's verdict (not a ``%%writefile`` cell,
+    whose asserts belong to a script)."""
     source = "".join(cell["source"])
-    return runs(cell) and not WRITEFILE.match(source) and re.search(r"^\s*assert\b", source, re.M) is not None
+    return runs(cell) and not WRITEFILE.match(source) and \
+        re.search(r"^\s*(assert\b|(check|check_script|verdict)\()", source, re.M) is not None
 
 
 def record(nb, seconds: float, error: str, machine: dict) -> dict:
@@ -221,15 +223,44 @@ def record_markdown(r: dict) -> str:
     return "\n".join(lines + ["````", "", "```{course-launch}", "```"])
 
 
+def fold_solutions(nb) -> list[str]:
+    """Fold each exercise's solution cell of executed lesson ``nb`` on its page; return the exercises' ids."""
+    from helpers.exercises import BEGIN, exercises
+
+    ids = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and BEGIN in cell.source:
+            found = [e for e, _ in exercises(cell.source)]
+            ids += found
+            cell.metadata.setdefault("tags", []).append("hide-input")
+            cell.metadata["mystnb"] = {"code_prompt_show": f"Show the solution of exercise {', '.join(found)}",
+                                       "code_prompt_hide": "Hide the solution"}
+    return ids
+
+
+def exercises_markdown(name: str, ids: list[str]) -> str:
+    """The line that offers a lesson's learner version (``_exercises/<name>``) for download."""
+    return (f"**Exercises** {', '.join(ids)}: each solution below is folded, with its check's verdict after it. "
+            f"To write them yourself, {{download}}`download the exercise version of this lesson <_exercises/{name}>` "
+            "(every solution replaced by a `NotImplementedError`), put it in the course's `notebooks/` folder, "
+            "and run it.")
+
+
 def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
-    """Write executed lesson ``nb`` as ``src/name``, its record under its title; return (title, first PNG in base64)."""
+    """Write executed lesson ``nb`` as ``src/name``, its record under its title; return (title, first PNG in base64).
+
+    Exercise solutions are folded, and when ``src/_exercises/name`` (its learner version) exists the page
+    offers it for download.
+    """
     import nbformat
 
     title, rest = Path(name).stem, ""
     if nb.cells and nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "):
         heading, _, rest = nb.cells[0].source.partition("\n")
         nb.cells[0].source, title = heading, heading[2:].strip()
-    nb.cells[1:1] = [nbformat.v4.new_markdown_cell(record_markdown(nb.metadata["course"]))] + (
+    ids = fold_solutions(nb)
+    offer = [exercises_markdown(name, ids)] if ids and (src / "_exercises" / name).is_file() else []
+    nb.cells[1:1] = [nbformat.v4.new_markdown_cell(m) for m in [record_markdown(nb.metadata["course"]), *offer]] + (
         [nbformat.v4.new_markdown_cell(rest.strip())] if rest.strip() else [])
     nbformat.write(nb, src / name)
     images = [o["data"]["image/png"] for c in nb.cells if c.cell_type == "code"
@@ -237,14 +268,20 @@ def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
     return title, images[0] if images else ""
 
 
-def site(out: Path) -> Path:
-    """Build ``out/site/`` from the executed lessons in ``out`` (those with a record); return its home page."""
+def site(out: Path, notebooks: Path = NOTEBOOKS) -> Path:
+    """Build ``out/site/`` from the executed lessons in ``out`` (those with a record); return its home page.
+
+    The learner versions offered for download are made from the lessons in ``notebooks``.
+    """
     import nbformat
 
     work = out / "site-work"  # the pages' sources and Sphinx's scratch folders, kept to debug a build
     shutil.rmtree(work, ignore_errors=True)
     src = work / "src"
     (src / "_figures").mkdir(parents=True)
+    from helpers.exercises import write_learner_notebooks
+
+    write_learner_notebooks(src / "_exercises", notebooks)  # from the committed lessons: what a learner downloads
     executed = {p: nbformat.read(p, as_version=4) for p in sorted(out.glob("[0-9][0-9]_*.ipynb"))}
     executed = {p: nb for p, nb in executed.items() if "course" in nb.metadata}  # run by this command
     if not executed:
@@ -323,7 +360,7 @@ def main() -> None:
         print("\n" + budget_table(rows))
     start = time.perf_counter()
     try:
-        page = site(out)
+        page = site(out, args.notebooks)
     except RuntimeError as e:
         sys.exit(f"website: {e}")
     print(f"\nwebsite built in {time.perf_counter() - start:.0f} s: open {page} "

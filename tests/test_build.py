@@ -25,6 +25,8 @@ LESSON = [
     "from helpers.launch import pick_backend\nprint('path:', pick_backend('auto', 2))",
     "%%writefile tiny_check.py\nassert True  # a script's assert: not a check cell of the lesson",
     "assert 1 + 1 == 2\nprint('checked')",
+    "def double(x):\n    # Exercise 99a: twice x\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+    "from helpers.exercises import check\ncheck(\"99a\", lambda: None if double(3) == 6 else 'wrong')",
 ]
 
 
@@ -60,11 +62,11 @@ def test_build_writes_notebook_figures_logs_and_record(tiny):
     assert [p.name for p in (out / "figures" / "99_tiny").glob("*.png")] == ["99_tiny__run__tiny.png"]
     assert "child noise" not in done.stdout + done.stderr
     assert "child noise" in (out / "logs" / "99_tiny.log").read_text()
-    assert re.search(r"^  99_tiny: cell 1/6, \d+ s$", done.stdout, re.M), "progress: which cell runs, since when"
+    assert re.search(r"^  99_tiny: cell 1/8, \d+ s$", done.stdout, re.M), "progress: which cell runs, since when"
     table = done.stdout.split("lesson ")[1]
     assert "99_tiny" in table and "no budget" in table
     record = executed.metadata["course"]
-    assert (record["ok"], record["checks"], record["checks_ran"], record["checks_passed"]) == (True, 1, 1, 1)
+    assert (record["ok"], record["checks"], record["checks_ran"], record["checks_passed"]) == (True, 2, 2, 2)
     assert record["paths"] == [str(pick_backend("auto", 2))] and record["profile"] == "full"
     assert record["torch"].startswith(version("torch")) and f"{os.cpu_count()} CPU cores" in record["machine"]
     assert f"open {out / 'site' / 'index.html'}" in done.stdout
@@ -115,13 +117,24 @@ def test_site_lesson_page_has_verification_record_outputs_and_launch(tiny):
     _, out = tiny
     page = (out / "site" / "99_tiny.html").read_text()
     record = words(page[page.index("verification-record"):page.index("course-launch")])
-    assert "Verified by its run" in record and "Checks 1 of 1 check cells ran, 1 passed" in record
+    assert "Verified by its run" in record and "Checks 2 of 2 check cells ran, 2 passed" in record
     assert f"Device path {pick_backend('auto', 2)}" in record and "profile full" in record
     assert f"PyTorch {version('torch')}" in record
     assert "checked" in words(page) and "<math" in page, "outputs and formulas are on the page"
     assert 'href="https://colab.research.google.com/github/' in page
     assert "jupyter lab notebooks/99_tiny.ipynb" in words(page)
     assert page.index("verification-record") < page.index("zanzibar"), "the record is at the top"
+
+
+def test_site_folds_solutions_and_offers_the_exercise_version(tiny):
+    _, out = tiny
+    page = (out / "site" / "99_tiny.html").read_text()
+    assert "Show the solution of exercise 99a" in page and "Exercise 99a: correct" in page
+    link = re.search(r'href="(_downloads/[^"]+/99_tiny\.ipynb)"', page)
+    assert link, "no download link to the lesson's exercise version"
+    learner = json.loads((out / "site" / html.unescape(link.group(1))).read_text())
+    code = "".join("".join(c["source"]) for c in learner["cells"])
+    assert "NotImplementedError('Exercise 99a (twice x)" in code and "return 2 * x" not in code
 
 
 def test_site_loads_nothing_from_the_network(tiny):

@@ -17,7 +17,7 @@ BRANCH = os.environ.get("COURSE_BRANCH", "main")
 project = "Distributed PyTorch, hands-on"
 html_title = project
 extensions = ["myst_nb", "sphinx_copybutton"]
-exclude_patterns = [".doctrees", "**.ipynb_checkpoints"]
+exclude_patterns = [".doctrees", "**.ipynb_checkpoints", "_exercises"]  # downloads, not pages
 suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
 
 nb_execution_mode = "off"  # the pages show the outputs of the run that `make course` did, never a re-run
