@@ -141,7 +141,7 @@ def execute(notebook: Path, out: Path, cell_timeout: int, machine: dict) -> tupl
 
 
 # Run in a fresh interpreter, so that this process never imports torch nor touches a GPU the lessons need.
-# Every line Placement can print for this machine: the lessons print theirs, as the path their workers took.
+# Every line Placement can print for this machine, to recognise one inside a run's path line (see record).
 PROBE = """
 import json, os, torch
 from helpers.launch import DEVICES, pick_backend
@@ -175,14 +175,19 @@ def is_check(cell) -> bool:
 def record(nb, seconds: float, error: str, machine: dict) -> dict:
     """The verification record of an executed lesson: what ran where, how long, and which checks passed.
 
-    ``paths`` are what the lesson printed of the path its workers took, in order: the placement lines of
-    ``helpers.launch.Placement``, and the text of lines that begin ``path: `` (after a ``[rank N]`` prefix)
-    in which no placement line appears, as RPC lessons print where each role computes.
+    ``paths`` are the path lines the lesson's runs printed, in order of first appearance: lines that begin
+    ``path: `` (after a ``[rank N]`` prefix). A line that begins with a placement line of
+    ``helpers.launch.Placement`` records that placement (what follows it describes the run, not the path);
+    any other records its text, as RPC lessons say what crosses RPC and where each role computes. A
+    placement printed anywhere else (a preview of what N ranks would take, a table of possible placements)
+    is not a path any run took, and is not recorded.
     """
     printed = "".join(o.get("text", "") for c in nb.cells if c["cell_type"] == "code" for o in c.get("outputs", []))
-    stated = re.findall(r"^(?:\[rank \d+\] )?path: (.+?)\s*$", printed, re.M)
-    placements = {p for p in machine["paths"] if p in printed}
-    found = sorted(placements | {s for s in stated if not any(p in s for p in machine["paths"])}, key=printed.index)
+    found = []
+    for stated in re.findall(r"^(?:\[rank \d+\] )?path: (.+?)\s*$", printed, re.M):
+        path = next((p for p in sorted(machine["paths"], key=len, reverse=True) if stated.startswith(p)), stated)
+        if path not in found:
+            found.append(path)
     checks = [c for c in nb.cells if is_check(c)]
     ran = [c for c in checks if c.get("execution_count") is not None]
     passed = [c for c in ran if not any(o["output_type"] == "error" for o in c.get("outputs", []))]
@@ -213,7 +218,8 @@ def record_markdown(r: dict) -> str:
     lines = [f"````{{admonition}} {title}", f":class: {'tip' if r['ok'] else 'error'} verification-record",
              f"- **Ran** {r['date']}, profile `{r['profile']}`, in {r['seconds']:.0f} s",
              f"- **PyTorch** {r['torch']}, on {r['machine']}",
-             f"- **Device path** {'; '.join(r['paths']) or 'the lesson printed no placement line'}",
+             "- **Device path**" + "".join(f"\n  - {path}" for path in r["paths"])
+             + ("" if r["paths"] else " none: no run of this lesson printed a path line"),
              f"- **Checks** {r['checks_ran']} of {r['checks']} check cells ran, {r['checks_passed']} passed"
              + ("" if r["ok"] else "; the run stopped at this error:")]
     if not r["ok"]:

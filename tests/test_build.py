@@ -186,18 +186,35 @@ def test_unknown_profile_is_refused(monkeypatch):
         helpers.course_profile()
 
 
-def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
+def record_paths(printed, machine_paths):
+    """The ``paths`` of the record of a lesson whose one code cell printed ``printed``."""
     from helpers.build import record
 
-    placement = str(pick_backend("auto", 2))
-    printed = (f"[rank 0] path: {placement}; float64\n"  # a placement line with more after it: the placement
-               "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
-               "the run's path: not a path line\n")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("run()")])
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
-    machine = dict(torch="2.14.1", cores=2, gpus=0, gpu="", paths=[placement, "gloo on 9 GPUs"])
-    paths = record(nb, 1.0, "", machine)["paths"]
-    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU"], paths
+    return record(nb, 1.0, "", dict(torch="2.14.1", cores=2, gpus=0, gpu="", paths=machine_paths))["paths"]
+
+
+def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
+    placement = str(pick_backend("auto", 2))
+    rpc = f"RPC over TensorPipe (TCP) with CPU tensors; {placement}"
+    printed = (f"[rank 0] path: {placement}; float64\n"  # a placement line with more after it: the placement
+               "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
+               f"[rank 0] path: {rpc}\n"  # a path line that names the placement after what it says of RPC
+               f"[rank 1] path: {placement}\n"  # the same path again: recorded once
+               "the run's path: not a path line\n")
+    paths = record_paths(printed, [placement, "gloo on 9 GPUs"])
+    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU", rpc], paths
+
+
+def test_record_holds_the_path_a_run_printed_not_a_preview_of_placements():
+    # what a machine with one GPU prints: a table of the placements 1, 2 and 4 ranks would take, then one run
+    placements = {n: str(pick_backend("auto", n, gpus=1)) for n in (1, 2, 4)}
+    printed = ("placements on this machine:\n" + "".join(f"  {n} ranks: {p}\n" for n, p in placements.items())
+               + f"two workers here take this path: {placements[2]}\n"
+               + f"[rank 0] path: {placements[2]}; 3 steps\n[rank 0] loss 0.25\n")
+    assert record_paths(printed, list(placements.values())) == [placements[2]]
+    assert record_paths(printed.split("[rank 0]")[0], list(placements.values())) == [], "a preview is no path"
 
 
 def test_progress_counts_code_cells_only():
