@@ -11,7 +11,8 @@ A failing lesson is still written out (with its error, marked failed on its
 page) and the command exits 1. While a lesson runs, one line shows which cell
 it is in and for how long; at the end a table gives each lesson's time against
 its budget. The site (``<out>/site/``: Sphinx, myst-nb, sphinx-book-theme, set
-up in ``website/``) is built from every executed lesson in ``<out>``.
+up in ``website/``) is built from every executed lesson in ``<out>``; its launch links point at the
+course's repository when one is known (:func:`course_repository`), and are left out when none is.
 """
 
 from __future__ import annotations
@@ -166,6 +167,41 @@ def probe_machine() -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def public_repository(url: str) -> str | None:
+    """``url`` as a public web address of a repository, ``https://host/owner/name``, or None.
+
+    Takes what ``git remote get-url`` gives: ``https://host/owner/name(.git)``, ``git@host:owner/name(.git)``
+    or ``ssh://git@host/owner/name(.git)``. A local path, a ``file:`` URL, or an address that carries a
+    user name or a token (``https://user:token@host/...``) is not a public one: None.
+    """
+    url = url.strip()
+    match = (re.fullmatch(r"https://([\w.-]+\.[a-z]{2,})/([\w.-]+)/([\w.-]+?)(?:\.git)?/?", url)
+             or re.fullmatch(r"(?:ssh://)?git@([\w.-]+\.[a-z]{2,})[:/]([\w.-]+)/([\w.-]+?)(?:\.git)?/?", url))
+    return "https://{}/{}/{}".format(*match.groups()) if match else None
+
+
+def course_repository(environ=os.environ, origin: str | None = None) -> str | None:
+    """The repository the launch links point at: ``COURSE_REPOSITORY`` when it is set (empty: none), else
+    the checkout's ``origin`` remote when that is a public address (:func:`public_repository`), else None.
+
+    ``origin`` stands in for ``git remote get-url origin`` (tests). A ``COURSE_REPOSITORY`` that is not a
+    public address raises ValueError, in one line, rather than publishing links that lead nowhere.
+    """
+    if "COURSE_REPOSITORY" in environ:
+        asked = environ["COURSE_REPOSITORY"].strip()
+        if asked and not public_repository(asked):
+            raise ValueError(f"COURSE_REPOSITORY={asked!r}: give the repository's public address, "
+                             "https://github.com/OWNER/NAME, or leave it empty for no repository links")
+        return public_repository(asked) if asked else None
+    if origin is None:
+        try:
+            origin = subprocess.run(["git", "-C", str(NOTEBOOKS.parent), "remote", "get-url", "origin"],
+                                    capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):  # no git here: no repository to link to
+            origin = ""
+    return public_repository(origin)
+
+
 def is_check(cell) -> bool:
     """A check cell: a code cell that asserts (not a ``%%writefile`` cell, whose asserts belong to a script)."""
     source = "".join(cell["source"])
@@ -307,6 +343,10 @@ def main() -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="folder of NN_*.ipynb lessons")
     parser.add_argument("--site-only", action="store_true", help="run no lesson: build the site from <out>")
     args = parser.parse_args()
+    try:  # the site's launch links need it: a wrong one is refused now, not after every lesson has run
+        course_repository()
+    except ValueError as e:
+        parser.error(str(e))
     notebooks = sorted(args.notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
         parser.error(f"no lessons (NN_*.ipynb) in {args.notebooks}")

@@ -4,6 +4,7 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -36,12 +37,16 @@ def write_lesson(folder, name, cells, title=None):
     nbformat.write(nb, folder / name)
 
 
-def build(tmp_path, *flags):
+# the repository the tiny lesson's site links to (a build from a clone takes it from the clone's origin)
+REPOSITORY = "https://github.com/example-course/dist-course"
+
+
+def build(tmp_path, *flags, repository=REPOSITORY):
     """Run ``helpers.build`` on the lessons in ``tmp_path`` as ``make course`` does (full profile, whatever the
-    profile of the tests that call it)."""
+    profile of the tests that call it), with ``COURSE_REPOSITORY=repository``."""
     return subprocess.run([sys.executable, "-m", "helpers.build", "--out", str(tmp_path / "build"),
                            "--notebooks", str(tmp_path), *flags], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, COURSE_PROFILE="full"))
+                          env=dict(os.environ, COURSE_PROFILE="full", COURSE_REPOSITORY=repository))
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +55,19 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     write_lesson(folder, "99_tiny.ipynb", LESSON, TITLE)
     return build(folder), folder / "build"
+
+
+@pytest.fixture(scope="module")
+def no_repository(tiny, tmp_path_factory):
+    """The tiny lesson's site built again from its executed notebook with no repository known: the output
+    folder."""
+    folder = tmp_path_factory.mktemp("no_repository")
+    write_lesson(folder, "99_tiny.ipynb", LESSON, TITLE)
+    (folder / "build").mkdir()
+    shutil.copy(tiny[1] / "99_tiny.ipynb", folder / "build")
+    done = build(folder, "--site-only", repository="")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return folder / "build"
 
 
 def test_build_writes_notebook_figures_logs_and_record(tiny):
@@ -119,9 +137,68 @@ def test_site_lesson_page_has_verification_record_outputs_and_launch(tiny):
     assert f"Device path {pick_backend('auto', 2)}" in record and "profile full" in record
     assert f"PyTorch {version('torch')}" in record
     assert "checked" in words(page) and "<math" in page, "outputs and formulas are on the page"
-    assert 'href="https://colab.research.google.com/github/' in page
-    assert "jupyter lab notebooks/99_tiny.ipynb" in words(page)
     assert page.index("verification-record") < page.index("zanzibar"), "the record is at the top"
+
+
+def test_site_links_to_the_repository_it_is_given(tiny):
+    _, out = tiny
+    page = (out / "site" / "99_tiny.html").read_text()
+    launch = page[page.index("course-launch"):]
+    assert ('href="https://colab.research.google.com/github/example-course/dist-course/blob/main/'
+            'notebooks/99_tiny.ipynb"') in launch
+    assert (f"git clone {REPOSITORY} && cd dist-course && make install && .venv/bin/jupyter lab "
+            "notebooks/99_tiny.ipynb") in words(launch)
+    assert f'href="{REPOSITORY}"' in page, "the theme's repository button"
+
+
+def test_site_without_a_repository_shows_no_repository_link(no_repository):
+    page = (no_repository / "site" / "99_tiny.html").read_text()
+    assert "make install && .venv/bin/jupyter lab notebooks/99_tiny.ipynb" in words(page)
+    for page in site_pages(no_repository):
+        text = page.read_text()
+        for link in ("colab.research.google.com", "git clone", "github.com/"):
+            assert link not in text, f"{page.name} shows {link}"
+
+
+def test_a_repository_that_is_no_public_address_is_refused_before_any_lesson_runs(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path, repository="example-course/dist-course")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        "COURSE_REPOSITORY='example-course/dist-course': give the repository's public address, "
+        "https://github.com/OWNER/NAME, or leave it empty for no repository links")
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("origin, expected", [
+    ("https://github.com/owner/course.git\n", "https://github.com/owner/course"),
+    ("https://gitlab.com/owner/course", "https://gitlab.com/owner/course"),
+    ("git@github.com:owner/course.git", "https://github.com/owner/course"),
+    ("ssh://git@github.com/owner/course.git", "https://github.com/owner/course"),
+    ("/work/main", None),  # a clone of a local checkout
+    ("file:///work/main", None),
+    ("https://user:token@github.com/owner/course.git", None),  # never published
+    ("", None),  # no origin remote
+])
+def test_repository_comes_from_a_public_origin(origin, expected):
+    from helpers.build import course_repository
+
+    assert course_repository(environ={}, origin=origin) == expected
+
+
+def test_course_repository_overrides_the_origin_and_empty_means_none():
+    from helpers.build import course_repository
+
+    origin = "git@github.com:owner/course.git"
+    assert course_repository({"COURSE_REPOSITORY": "https://github.com/fork/course/"}, origin) == \
+        "https://github.com/fork/course"
+    assert course_repository({"COURSE_REPOSITORY": ""}, origin) is None
+
+
+def test_no_page_has_the_default_author_line(tiny, no_repository):
+    for out in (tiny[1], no_repository):
+        for page in site_pages(out):
+            text = page.read_text()
+            assert "Author name not set" not in text and "component-author" not in text, page.name
 
 
 def test_site_loads_nothing_from_the_network(tiny):
