@@ -279,9 +279,12 @@ def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
                "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
                f"[rank 0] path: {rpc}\n"  # a path line that names the placement after what it says of RPC
                f"[rank 1] path: {placement}\n"  # the same path again: recorded once
+               "[node 1] [rank 0] path: two torchrun nodes\n"  # a worker's line behind its node's prefix
+               "[default0]:path: torchrun's own prefix\n"
                "the run's path: not a path line\n")
     paths = record_paths(printed, [placement, "gloo on 9 GPUs"])
-    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU", rpc], paths
+    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU", rpc, "two torchrun nodes",
+                     "torchrun's own prefix"], paths
 
 
 def test_record_holds_the_path_a_run_printed_not_a_preview_of_placements():
