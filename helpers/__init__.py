@@ -7,14 +7,50 @@ Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
 between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),
 ``measure`` (lesson 05's timeline, page faults and allocator arenas), ``meters`` (lesson 09's bytes
 per rank), ``anatomy`` (lesson 10's saved-activation bytes, collective log and profiler rows),
-``build`` (what ``make course`` runs). Importing changes no global state.
+``build`` (what ``make course`` runs). Importing changes no global state; it checks that the installed
+PyTorch is not older than :data:`TORCH_FLOOR` (:func:`check_torch`), and stops in one line if it is.
 """
 
 import os
+import re
+from importlib.metadata import PackageNotFoundError, version
 
-from helpers.system import check_platform
+from helpers.system import check_platform, stop
 
 PROFILES = ("full", "quick")
+# The oldest PyTorch the course is tested with; pyproject.toml asks for the same (tests/test_build.py checks).
+TORCH_FLOOR = "2.14"
+
+
+def _release(text: str) -> tuple[int, int, int]:
+    """The numeric release a version string begins with, to three parts: ``"2.14.1+cpu"`` -> ``(2, 14, 1)``,
+    ``"2.14"`` -> ``(2, 14, 0)``; ValueError for a string that begins with no number."""
+    match = re.match(r"\d+(?:\.\d+)*", text.strip())
+    if not match:
+        raise ValueError(f"not a version: {text!r}")
+    parts = [int(part) for part in match.group().split(".")] + [0, 0]
+    return tuple(parts[:3])
+
+
+def check_torch(installed: str | None = None) -> str:
+    """Stop, in one line (:func:`helpers.system.stop`), when PyTorch is missing or older than
+    :data:`TORCH_FLOOR`; return the version found. ``installed`` stands in for the installed version (tests).
+
+    Reads the installed package's metadata, so this check does not import torch.
+    """
+    if installed is None:
+        try:
+            installed = version("torch")
+        except PackageNotFoundError:
+            stop(f"the course needs PyTorch {TORCH_FLOOR} or newer, and none is installed: "
+                 f"pip install 'torch>={TORCH_FLOOR}'")
+    if _release(installed) < _release(TORCH_FLOOR):
+        stop(f"PyTorch {installed} is older than {TORCH_FLOOR}, the oldest the course is tested with: "
+             f"pip install -U 'torch>={TORCH_FLOOR}' (the README's 'Which PyTorch' says more)")
+    return installed
+
+
+check_torch()
 
 
 def course_profile() -> str:

@@ -11,7 +11,8 @@ A failing lesson is still written out (with its error, marked failed on its
 page) and the command exits 1. While a lesson runs, one line shows which cell
 it is in and for how long; at the end a table gives each lesson's time against
 its budget. The site (``<out>/site/``: Sphinx, myst-nb, sphinx-book-theme, set
-up in ``website/``) is built from every executed lesson in ``<out>``.
+up in ``website/``) is built from every executed lesson in ``<out>``; its launch links point at the
+course's repository when one is known (:func:`course_repository`), and are left out when none is.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def execute(notebook: Path, out: Path, cell_timeout: int, machine: dict) -> tupl
 
 
 # Run in a fresh interpreter, so that this process never imports torch nor touches a GPU the lessons need.
-# Every line Placement can print for this machine: the lessons print theirs, as the path their workers took.
+# Every line Placement can print for this machine, to recognise one inside a run's path line (see record).
 PROBE = """
 import json, os, torch
 from helpers.launch import DEVICES, pick_backend
@@ -167,6 +168,41 @@ def probe_machine() -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
+def public_repository(url: str) -> str | None:
+    """``url`` as a public web address of a repository, ``https://host/owner/name``, or None.
+
+    Takes what ``git remote get-url`` gives: ``https://host/owner/name(.git)``, ``git@host:owner/name(.git)``
+    or ``ssh://git@host/owner/name(.git)``. A local path, a ``file:`` URL, or an address that carries a
+    user name or a token (``https://user:token@host/...``) is not a public one: None.
+    """
+    url = url.strip()
+    match = (re.fullmatch(r"https://([\w.-]+\.[a-z]{2,})/([\w.-]+)/([\w.-]+?)(?:\.git)?/?", url)
+             or re.fullmatch(r"(?:ssh://)?git@([\w.-]+\.[a-z]{2,})[:/]([\w.-]+)/([\w.-]+?)(?:\.git)?/?", url))
+    return "https://{}/{}/{}".format(*match.groups()) if match else None
+
+
+def course_repository(environ=os.environ, origin: str | None = None) -> str | None:
+    """The repository the launch links point at: ``COURSE_REPOSITORY`` when it is set (empty: none), else
+    the checkout's ``origin`` remote when that is a public address (:func:`public_repository`), else None.
+
+    ``origin`` stands in for ``git remote get-url origin`` (tests). A ``COURSE_REPOSITORY`` that is not a
+    public address raises ValueError, in one line, rather than publishing links that lead nowhere.
+    """
+    if "COURSE_REPOSITORY" in environ:
+        asked = environ["COURSE_REPOSITORY"].strip()
+        if asked and not public_repository(asked):
+            raise ValueError(f"COURSE_REPOSITORY={asked!r}: give the repository's public address, "
+                             "https://github.com/OWNER/NAME, or leave it empty for no repository links")
+        return public_repository(asked) if asked else None
+    if origin is None:
+        try:
+            origin = subprocess.run(["git", "-C", str(NOTEBOOKS.parent), "remote", "get-url", "origin"],
+                                    capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):  # no git here: no repository to link to
+            origin = ""
+    return public_repository(origin)
+
+
 def is_check(cell) -> bool:
     """A check cell: a code cell that asserts or gives an exercise's verdict (not a ``%%writefile`` cell,
     whose asserts belong to a script)."""
@@ -178,14 +214,20 @@ def is_check(cell) -> bool:
 def record(nb, seconds: float, error: str, machine: dict) -> dict:
     """The verification record of an executed lesson: what ran where, how long, and which checks passed.
 
-    ``paths`` are what the lesson printed of the path its workers took, in order: the placement lines of
-    ``helpers.launch.Placement``, and the text of lines that begin ``path: `` (after a ``[rank N]`` prefix)
-    in which no placement line appears, as RPC lessons print where each role computes.
+    ``paths`` are the path lines the lesson's runs printed, in order of first appearance: lines that begin
+    ``path: `` after the prefixes a run puts before its workers' lines (``[rank N] ``, ``[node N] [rank N] ``,
+    torchrun's ``[default0]:``). A line that begins with a placement line of
+    ``helpers.launch.Placement`` records that placement (what follows it describes the run, not the path);
+    any other records its text, as RPC lessons say what crosses RPC and where each role computes. A
+    placement printed anywhere else (a preview of what N ranks would take, a table of possible placements)
+    is not a path any run took, and is not recorded.
     """
     printed = "".join(o.get("text", "") for c in nb.cells if c["cell_type"] == "code" for o in c.get("outputs", []))
-    stated = re.findall(r"^(?:\[rank \d+\] )?path: (.+?)\s*$", printed, re.M)
-    placements = {p for p in machine["paths"] if p in printed}
-    found = sorted(placements | {s for s in stated if not any(p in s for p in machine["paths"])}, key=printed.index)
+    found = []
+    for stated in re.findall(r"^(?:\[[^\]\n]+\]:? ?)*path: (.+?)\s*$", printed, re.M):
+        path = next((p for p in sorted(machine["paths"], key=len, reverse=True) if stated.startswith(p)), stated)
+        if path not in found:
+            found.append(path)
     checks = [c for c in nb.cells if is_check(c)]
     ran = [c for c in checks if c.get("execution_count") is not None]
     passed = [c for c in ran if not any(o["output_type"] == "error" for o in c.get("outputs", []))]
@@ -216,7 +258,8 @@ def record_markdown(r: dict) -> str:
     lines = [f"````{{admonition}} {title}", f":class: {'tip' if r['ok'] else 'error'} verification-record",
              f"- **Ran** {r['date']}, profile `{r['profile']}`, in {r['seconds']:.0f} s",
              f"- **PyTorch** {r['torch']}, on {r['machine']}",
-             f"- **Device path** {'; '.join(r['paths']) or 'the lesson printed no placement line'}",
+             "- **Device path**" + "".join(f"\n  - {path}" for path in r["paths"])
+             + ("" if r["paths"] else " none: no run of this lesson printed a path line"),
              f"- **Checks** {r['checks_ran']} of {r['checks']} check cells ran, {r['checks_passed']} passed"
              + ("" if r["ok"] else "; the run stopped at this error:")]
     if not r["ok"]:
@@ -339,6 +382,10 @@ def main() -> None:
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="folder of NN_*.ipynb lessons")
     parser.add_argument("--site-only", action="store_true", help="run no lesson: build the site from <out>")
     args = parser.parse_args()
+    try:  # the site's launch links need it: a wrong one is refused now, not after every lesson has run
+        course_repository()
+    except ValueError as e:
+        parser.error(str(e))
     notebooks = sorted(args.notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
         parser.error(f"no lessons (NN_*.ipynb) in {args.notebooks}")

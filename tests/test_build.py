@@ -4,6 +4,7 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -38,12 +39,16 @@ def write_lesson(folder, name, cells, title=None):
     nbformat.write(nb, folder / name)
 
 
-def build(tmp_path, *flags):
+# the repository the tiny lesson's site links to (a build from a clone takes it from the clone's origin)
+REPOSITORY = "https://github.com/example-course/dist-course"
+
+
+def build(tmp_path, *flags, repository=REPOSITORY):
     """Run ``helpers.build`` on the lessons in ``tmp_path`` as ``make course`` does (full profile, whatever the
-    profile of the tests that call it)."""
+    profile of the tests that call it), with ``COURSE_REPOSITORY=repository``."""
     return subprocess.run([sys.executable, "-m", "helpers.build", "--out", str(tmp_path / "build"),
                            "--notebooks", str(tmp_path), *flags], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, COURSE_PROFILE="full"))
+                          env=dict(os.environ, COURSE_PROFILE="full", COURSE_REPOSITORY=repository))
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +57,19 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
     write_lesson(folder, "99_tiny.ipynb", LESSON, TITLE)
     return build(folder), folder / "build"
+
+
+@pytest.fixture(scope="module")
+def no_repository(tiny, tmp_path_factory):
+    """The tiny lesson's site built again from its executed notebook with no repository known: the output
+    folder."""
+    folder = tmp_path_factory.mktemp("no_repository")
+    write_lesson(folder, "99_tiny.ipynb", LESSON, TITLE)
+    (folder / "build").mkdir()
+    shutil.copy(tiny[1] / "99_tiny.ipynb", folder / "build")
+    done = build(folder, "--site-only", repository="")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return folder / "build"
 
 
 def test_build_writes_notebook_figures_logs_and_record(tiny):
@@ -121,8 +139,6 @@ def test_site_lesson_page_has_verification_record_outputs_and_launch(tiny):
     assert f"Device path {pick_backend('auto', 2)}" in record and "profile full" in record
     assert f"PyTorch {version('torch')}" in record
     assert "checked" in words(page) and "<math" in page, "outputs and formulas are on the page"
-    assert 'href="https://colab.research.google.com/github/' in page
-    assert "jupyter lab notebooks/99_tiny.ipynb" in words(page)
     assert page.index("verification-record") < page.index("zanzibar"), "the record is at the top"
 
 
@@ -135,6 +151,67 @@ def test_site_folds_solutions_and_offers_the_exercise_version(tiny):
     learner = json.loads((out / "site" / html.unescape(link.group(1))).read_text())
     code = "".join("".join(c["source"]) for c in learner["cells"])
     assert "NotImplementedError('Exercise 99a (twice x)" in code and "return 2 * x" not in code
+
+
+def test_site_links_to_the_repository_it_is_given(tiny):
+    _, out = tiny
+    page = (out / "site" / "99_tiny.html").read_text()
+    launch = page[page.index("course-launch"):]
+    assert ('href="https://colab.research.google.com/github/example-course/dist-course/blob/main/'
+            'notebooks/99_tiny.ipynb"') in launch
+    assert (f"git clone {REPOSITORY} && cd dist-course && make install && .venv/bin/jupyter lab "
+            "notebooks/99_tiny.ipynb") in words(launch)
+    assert f'href="{REPOSITORY}"' in page, "the theme's repository button"
+
+
+def test_site_without_a_repository_shows_no_repository_link(no_repository):
+    page = (no_repository / "site" / "99_tiny.html").read_text()
+    assert "make install && .venv/bin/jupyter lab notebooks/99_tiny.ipynb" in words(page)
+    for page in site_pages(no_repository):
+        text = page.read_text()
+        for link in ("colab.research.google.com", "git clone", "github.com/"):
+            assert link not in text, f"{page.name} shows {link}"
+
+
+def test_a_repository_that_is_no_public_address_is_refused_before_any_lesson_runs(tmp_path):
+    write_lesson(tmp_path, "99_tiny.ipynb", LESSON)
+    done = build(tmp_path, repository="example-course/dist-course")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        "COURSE_REPOSITORY='example-course/dist-course': give the repository's public address, "
+        "https://github.com/OWNER/NAME, or leave it empty for no repository links")
+    assert not (tmp_path / "build").exists()
+
+
+@pytest.mark.parametrize("origin, expected", [
+    ("https://github.com/owner/course.git\n", "https://github.com/owner/course"),
+    ("https://gitlab.com/owner/course", "https://gitlab.com/owner/course"),
+    ("git@github.com:owner/course.git", "https://github.com/owner/course"),
+    ("ssh://git@github.com/owner/course.git", "https://github.com/owner/course"),
+    ("/work/main", None),  # a clone of a local checkout
+    ("file:///work/main", None),
+    ("https://user:token@github.com/owner/course.git", None),  # never published
+    ("", None),  # no origin remote
+])
+def test_repository_comes_from_a_public_origin(origin, expected):
+    from helpers.build import course_repository
+
+    assert course_repository(environ={}, origin=origin) == expected
+
+
+def test_course_repository_overrides_the_origin_and_empty_means_none():
+    from helpers.build import course_repository
+
+    origin = "git@github.com:owner/course.git"
+    assert course_repository({"COURSE_REPOSITORY": "https://github.com/fork/course/"}, origin) == \
+        "https://github.com/fork/course"
+    assert course_repository({"COURSE_REPOSITORY": ""}, origin) is None
+
+
+def test_no_page_has_the_default_author_line(tiny, no_repository):
+    for out in (tiny[1], no_repository):
+        for page in site_pages(out):
+            text = page.read_text()
+            assert "Author name not set" not in text and "component-author" not in text, page.name
 
 
 def test_site_loads_nothing_from_the_network(tiny):
@@ -199,18 +276,38 @@ def test_unknown_profile_is_refused(monkeypatch):
         helpers.course_profile()
 
 
-def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
+def record_paths(printed, machine_paths):
+    """The ``paths`` of the record of a lesson whose one code cell printed ``printed``."""
     from helpers.build import record
 
-    placement = str(pick_backend("auto", 2))
-    printed = (f"[rank 0] path: {placement}; float64\n"  # a placement line with more after it: the placement
-               "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
-               "the run's path: not a path line\n")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("run()")])
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
-    machine = dict(torch="2.14.1", cores=2, gpus=0, gpu="", paths=[placement, "gloo on 9 GPUs"])
-    paths = record(nb, 1.0, "", machine)["paths"]
-    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU"], paths
+    return record(nb, 1.0, "", dict(torch="2.14.1", cores=2, gpus=0, gpu="", paths=machine_paths))["paths"]
+
+
+def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
+    placement = str(pick_backend("auto", 2))
+    rpc = f"RPC over TensorPipe (TCP) with CPU tensors; {placement}"
+    printed = (f"[rank 0] path: {placement}; float64\n"  # a placement line with more after it: the placement
+               "[rank 0] path: the agent's policy on cpu, the observers on the CPU\n"  # an RPC lesson's roles
+               f"[rank 0] path: {rpc}\n"  # a path line that names the placement after what it says of RPC
+               f"[rank 1] path: {placement}\n"  # the same path again: recorded once
+               "[node 1] [rank 0] path: two torchrun nodes\n"  # a worker's line behind its node's prefix
+               "[default0]:path: torchrun's own prefix\n"
+               "the run's path: not a path line\n")
+    paths = record_paths(printed, [placement, "gloo on 9 GPUs"])
+    assert paths == [placement, "the agent's policy on cpu, the observers on the CPU", rpc, "two torchrun nodes",
+                     "torchrun's own prefix"], paths
+
+
+def test_record_holds_the_path_a_run_printed_not_a_preview_of_placements():
+    # what a machine with one GPU prints: a table of the placements 1, 2 and 4 ranks would take, then one run
+    placements = {n: str(pick_backend("auto", n, gpus=1)) for n in (1, 2, 4)}
+    printed = ("placements on this machine:\n" + "".join(f"  {n} ranks: {p}\n" for n, p in placements.items())
+               + f"two workers here take this path: {placements[2]}\n"
+               + f"[rank 0] path: {placements[2]}; 3 steps\n[rank 0] loss 0.25\n")
+    assert record_paths(printed, list(placements.values())) == [placements[2]]
+    assert record_paths(printed.split("[rank 0]")[0], list(placements.values())) == [], "a preview is no path"
 
 
 def test_progress_counts_code_cells_only():

@@ -9,10 +9,13 @@ import os
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-# The one place that names the course's repository (a placeholder until the course is published there);
-# the Colab links and the repository button come from it. COURSE_REPOSITORY overrides it for one build.
-REPOSITORY = os.environ.get("COURSE_REPOSITORY", "https://github.com/distributed-pytorch-hands-on/course")
+from helpers.build import course_repository
+
+# The repository the Colab links, the clone line and the repository button point at; None shows none of them.
+REPOSITORY = course_repository()
 BRANCH = os.environ.get("COURSE_BRANCH", "main")
+# Colab opens notebooks from GitHub only; another host gets the clone line and the repository button.
+COLAB = REPOSITORY if REPOSITORY and REPOSITORY.startswith("https://github.com/") else None
 
 project = "Distributed PyTorch, hands-on"
 html_title = project
@@ -27,14 +30,16 @@ html_math_renderer = "mathml"  # see setup(): no MathJax, which Sphinx would fet
 
 html_theme = "sphinx_book_theme"
 html_theme_options = {
-    "repository_url": REPOSITORY,
-    "repository_branch": BRANCH,
     "path_to_docs": "notebooks",
-    "use_repository_button": True,
     "use_download_button": True,
-    "launch_buttons": {"colab_url": "https://colab.research.google.com"},
     "show_toc_level": 2,
+    # no footer: the theme's begins "By <author>", which Sphinx fills with "Author name not set"
+    "footer_content_items": [],
 }
+if REPOSITORY:
+    html_theme_options |= {"repository_url": REPOSITORY, "repository_branch": BRANCH, "use_repository_button": True}
+if COLAB:
+    html_theme_options["launch_buttons"] = {"colab_url": "https://colab.research.google.com"}
 html_static_path = ["static"]
 html_css_files = ["course.css"]
 html_show_sphinx = False
@@ -45,14 +50,19 @@ class CourseLaunch(SphinxDirective):
 
     def run(self):
         notebook = f"notebooks/{self.env.docname}.ipynb"
-        repo = REPOSITORY.rstrip("/").split("github.com/", 1)[-1]
-        colab = f"https://colab.research.google.com/github/{repo}/blob/{BRANCH}/{notebook}"
         para = nodes.paragraph(classes=["course-launch"])
         para += nodes.strong(text="Run it: ")
-        para += nodes.reference("", "Open in Colab", refuri=colab)
-        para += nodes.Text(" · Open in JupyterLab: ")
-        para += nodes.literal(text=f"git clone {REPOSITORY} && cd {REPOSITORY.rstrip('/').rsplit('/', 1)[-1]} "
-                                   f"&& make install && .venv/bin/jupyter lab {notebook}")
+        if COLAB:
+            colab = f"https://colab.research.google.com/github/{COLAB.split('github.com/', 1)[1]}/blob/{BRANCH}/"
+            para += nodes.reference("", "Open in Colab", refuri=colab + notebook)
+            para += nodes.Text(" · ")
+        if REPOSITORY:
+            para += nodes.Text("Open in JupyterLab: ")
+            para += nodes.literal(text=f"git clone {REPOSITORY} && cd {REPOSITORY.rsplit('/', 1)[1]} "
+                                       f"&& make install && .venv/bin/jupyter lab {notebook}")
+        else:
+            para += nodes.Text("Open in JupyterLab, in the course's folder: ")
+            para += nodes.literal(text=f"make install && .venv/bin/jupyter lab {notebook}")
         return [para]
 
 
