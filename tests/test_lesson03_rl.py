@@ -108,9 +108,10 @@ def test_a_draw_above_a_cumulative_sum_rounded_below_1_takes_the_last_action(scr
     monkeypatch.syspath_prepend(str(scripts))
     from reinforce import sample_actions
 
-    probs = np.array([[0.5, 0.49999997]], dtype=np.float32)  # float32 rounding: the sum ends below 1
-    assert probs.cumsum(1)[0, -1] < 1
-    assert sample_actions(probs, np.array([0.99999999])) == [1]
+    probs = np.array([[0.5, 0.49999994]], dtype=np.float32)  # float32 rounding: the sum ends at 1 - 2**-24
+    draw = np.array([0.99999997])
+    assert probs.cumsum(1)[0, -1] < draw[0] < 1 and (probs.cumsum(1) < draw[:, None]).sum() == 2  # past the last
+    assert sample_actions(probs, draw) == [1]
     assert sample_actions(np.array([[0.25, 0.75], [0.25, 0.75]]), np.array([0.2, 0.3])) == [0, 1]
 
 
