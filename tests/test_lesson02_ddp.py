@@ -78,7 +78,7 @@ def test_exercise_02a_check_fails_on_the_stub_a_missing_division_and_averaged_we
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["launch", "torchrun"])
-def test_mnist_is_downloaded_only_when_launch_starts_the_ranks(scripts, torchrun, monkeypatch):
+def test_mnist_is_downloaded_only_when_launch_starts_the_ranks(scripts, torchrun, monkeypatch, tmp_path):
     import helpers.data
 
     asked, load = [], helpers.data.load_mnist
@@ -91,5 +91,5 @@ def test_mnist_is_downloaded_only_when_launch_starts_the_ranks(scripts, torchrun
         monkeypatch.setenv("WORLD_SIZE", "2")
         monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(AssertionError, match="got past its flag checks to launch"):
-        run_in_this_process(scripts["ddp_mnist.py"], "--world-size", 2)
+        run_in_this_process(scripts["ddp_mnist.py"], "--world-size", 2, cwd=tmp_path)
     assert asked == [not torchrun]
