@@ -1,8 +1,8 @@
 """Lesson 00 (orientation, RPC primer): what the notebook's run does not cover.
 
 The notebook's check cells assert the RPC primer's and the latency script's claims on its own runs; these tests
-run hello_ranks with three ranks and with rank 0 failing (the notebook: two ranks, rank 1 failing), and the
-scripts' refusals of bad flags.
+run hello_ranks with three ranks and with rank 0 failing (the notebook: two ranks, rank 1 failing), the latency
+script's sizes, exercise 00a's check on its stub and on a wrong answer, and the scripts' refusals of bad flags.
 """
 
 import time
@@ -11,7 +11,9 @@ import pytest
 import torch
 from conftest import refusal
 
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import ScriptError, pick_backend, run_script
+from helpers.metrics import read_metrics
 
 NOTEBOOK = "00_orientation.ipynb"
 
@@ -63,3 +65,26 @@ def test_a_refused_flag_is_exit_code_2_and_one_line_from_the_command_line(script
     first_line = str(failure.value).splitlines()[0]
     assert "exit code 2" in first_line and "--world-size: must be an integer >= 1" in first_line, str(failure.value)
     assert "[rank" not in str(failure.value) and "Traceback" not in str(failure.value)
+
+
+def test_latency_measures_every_size_and_a_round_trip_costs_more_than_a_copy(scripts, tmp_path):
+    run(scripts, "rpc_latency.py", "--max-bytes", 1024, "--repeats", 3, "--run-dir", tmp_path)
+    points = [r for r in read_metrics(tmp_path) if "bytes" in r]
+    assert [r["bytes"] for r in points] == [4, 16, 64, 256, 1024]
+    assert all(r["intact"] == r["repeats"] == 3 for r in points)
+    assert all(0 < r["local_fastest"] < r["fastest"] for r in points), points
+
+
+def test_exercise_00a_check_fails_on_the_stub_and_on_a_call_on_a_local_copy(scripts):
+    path = scripts["remote_method_exercise.py"]
+    source = path.read_text()
+    assert check_script("00a", path, timeout=120, echo=False).startswith("Exercise 00a: add(5), add(2)")
+    path.write_text(stub(source))
+    with pytest.raises(ExerciseFailed, match="^Exercise 00a: not written yet"):
+        check_script("00a", path, timeout=120, echo=False)
+    # to_here() on the caller: the method changes a copy, here, and the owner's Counter never moves
+    path.write_text(replace_solution(
+        source, "00a", "return rpc.rpc_sync(rref.owner(), run_on_owner, args=(method, rref, *args), kwargs=kwargs)",
+        "return method(rref.to_here(), *args, **kwargs)"))
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 00a: then add\(2\): expected 7, got 2$"):
+        check_script("00a", path, timeout=120, echo=False)

@@ -1,14 +1,16 @@
 """Lesson 02 (DistributedDataParallel): what the notebook's run does not cover.
 
 The notebook's check cells assert the lesson's claims on its own runs of ddp_step, ddp_checkpoint, ddp_split,
-ddp_mnist, ddp_proof (also under torchrun) and ddp_scaling; these tests add the scaling script's records for
-both thread settings and the scripts' refusals of bad flags.
+ddp_mnist, ddp_proof (also under torchrun), ddp_scaling and ddp_buckets; these tests add the scaling script's
+records for both thread settings, exercise 02a's check on its stub and on wrong answers, that only a launch
+(not every torchrun rank) may download MNIST, and the scripts' refusals of bad flags.
 """
 
 import pytest
 import torch
-from conftest import refusal
+from conftest import refusal, run_in_this_process
 
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
@@ -53,3 +55,41 @@ def test_scaling_times_compute_allreduce_and_step_for_every_setting(scripts, tmp
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     (tmp_path / "a-file").write_text("")  # no folder can be made inside a file, on any system, even as root
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)
+
+
+def test_exercise_02a_check_fails_on_the_stub_a_missing_division_and_averaged_weights(scripts):
+    path = scripts["ddp_by_hand.py"]
+    source = path.read_text()
+    assert check_script("02a", path, timeout=120, echo=False).endswith("every gradient equals DDP's")
+    path.write_text(stub(source))
+    with pytest.raises(ExerciseFailed, match="^Exercise 02a: not written yet"):
+        check_script("02a", path, timeout=120, echo=False)
+    path.write_text(replace_solution(source, "02a", "        p.grad /= world_size\n", ""))  # the sum, not the mean
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element \[\d+, \d+\]: "
+                                             r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of 128 elements differ\)"):
+        check_script("02a", path, timeout=120, echo=False)
+    path.write_text(replace_solution(source, "02a", new="""
+        for p in model.parameters():  # the weights averaged instead of the gradients
+            dist.all_reduce(p.data)
+            p.data /= world_size
+        """))
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element"):
+        check_script("02a", path, timeout=120, echo=False)
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["launch", "torchrun"])
+def test_mnist_is_downloaded_only_when_launch_starts_the_ranks(scripts, torchrun, monkeypatch, tmp_path):
+    import helpers.data
+
+    asked, load = [], helpers.data.load_mnist
+    monkeypatch.setattr(helpers.data, "load_mnist", lambda download=True, **kw: asked.append(download) or
+                        load(download=False, **kw))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if torchrun:
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(AssertionError, match="got past its flag checks to launch"):
+        run_in_this_process(scripts["ddp_mnist.py"], "--world-size", 2, cwd=tmp_path)
+    assert asked == [not torchrun]

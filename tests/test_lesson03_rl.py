@@ -5,13 +5,16 @@ naive and = steps batched on both sides, forward passes = steps naive and = the 
 and single, with 1, 2 and 3 observers), that the three designs play the same episodes and end with the same
 weights, and that no observer initialised CUDA (`check_run`, section 5's check). These tests cover what the
 notebook does not: the race over many episodes with 3 observers, reproducibility across processes and seeds,
-the step cost, and bad input.
+the step cost, the action sampler's last-ULP case, exercise 03a's check on its stub and on a wrong answer,
+and bad input.
 """
 
+import numpy as np
 import pytest
 import torch
 from conftest import refusal, run_in_this_process, write_scripts
 
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
@@ -99,3 +102,29 @@ def test_each_step_cost_replays_the_same_episodes_and_burns_its_cpu_time(scripts
         "cuda-without-gpu"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts / script, *flags, cwd=tmp_path)
+
+
+def test_a_draw_above_a_cumulative_sum_rounded_below_1_takes_the_last_action(scripts, monkeypatch):
+    monkeypatch.syspath_prepend(str(scripts))
+    from reinforce import sample_actions
+
+    probs = np.array([[0.5, 0.49999994]], dtype=np.float32)  # float32 rounding: the sum ends at 1 - 2**-24
+    draw = np.array([0.99999997])
+    assert probs.cumsum(1)[0, -1] < draw[0] < 1 and (probs.cumsum(1) < draw[:, None]).sum() == 2  # past the last
+    assert sample_actions(probs, draw) == [1]
+    assert sample_actions(np.array([[0.25, 0.75], [0.25, 0.75]]), np.array([0.2, 0.3])) == [0, 1]
+
+
+def test_exercise_03a_check_fails_on_the_stub_and_on_an_observer_that_never_sends_its_reward(scripts, tmp_path):
+    path = scripts / "rl_observer_exercise.py"
+    source = path.read_text()
+    flags = ["--world-size", 2, "--episodes", 2, "--run-dir", tmp_path]
+    assert "2 agent episodes with 1 observer(s)" in check_script("03a", path, *flags, timeout=120, echo=False)
+    path.write_text(stub(source))
+    with pytest.raises(ExerciseFailed, match="^Exercise 03a: not written yet"):
+        check_script("03a", path, *flags, timeout=120, echo=False)
+    path.write_text(replace_solution(source, "03a", "args=(agent_rref, self.rank, state, reward))",
+                                     "args=(agent_rref, self.rank, state, None))"))
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 03a: agent episode 1: observer 1: the agent recorded 1 "
+                                             r"rewards for \d+ actions$"):
+        check_script("03a", path, *flags, timeout=120, echo=False)

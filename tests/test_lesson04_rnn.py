@@ -2,7 +2,8 @@
 
 The notebook's check cells assert the proof's claims (distributed step = local step, no accumulation across
 contexts, the warning hidden) on its own run of rnn_proof.py; these tests train on three seeds (determinism),
-under torchrun, and try the scripts' refusals of bad flags.
+under torchrun, show exercise 04a's check failing on its stub and on a wrong answer, and try the scripts'
+refusals of bad flags.
 """
 
 import sys
@@ -11,6 +12,7 @@ import pytest
 import torch
 from conftest import refusal, write_scripts
 
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
 from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION
@@ -102,3 +104,20 @@ def test_bad_input_is_a_one_line_error_before_spawning(scripts, tmp_path, script
     short.write_text("It is a truth universally acknowledged.\n" * 3)
     flags = [f.format(short=short) for f in flags]
     assert message in refusal(scripts / script, *flags, cwd=tmp_path)
+
+
+def test_exercise_04a_check_fails_on_the_stub_and_on_a_step_that_never_steps(scripts):
+    path = scripts / "rnn_step_exercise.py"
+    source = path.read_text()
+    flags = [*SMALL, "--steps", 2]
+    assert check_script("04a", path, *flags, timeout=120, echo=False).startswith("Exercise 04a: after each of 2")
+    try:
+        path.write_text(stub(source))
+        with pytest.raises(ExerciseFailed, match="^Exercise 04a: not written yet"):
+            check_script("04a", path, *flags, timeout=120, echo=False)
+        path.write_text(replace_solution(source, "04a", "        optimizer.step(context_id)\n", ""))
+        with pytest.raises(ExerciseFailed, match=r"^Exercise 04a: after step 1: embedding\.embedding\.weight "
+                                                 r"element \[\d+, \d+\]: expected -?[\d.e-]+, got -?[\d.e-]+"):
+            check_script("04a", path, *flags, timeout=120, echo=False)
+    finally:
+        path.write_text(source)  # the folder is shared by this module's tests
