@@ -6,13 +6,16 @@ each script from the command line); these tests add a run under torchrun with ba
 straggler, and every bad flag of both scripts, on main() in this process.
 """
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import write_scripts
 
 from helpers.data import load_mnist
+from helpers.exercises import ExerciseFailed, check, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
@@ -144,3 +147,44 @@ def test_bad_flags_are_refused_in_one_line_before_spawning(modules, script, flag
         module.main([*flags, "--run-dir", str(tmp_path / "runs")])
     last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert refused.value.code == 2 and message in last_line, last_line
+
+
+def exercise_06a_cells():
+    """The source of exercise 06a's cell and of the cell that checks it, from the notebook."""
+    cells = ["".join(c["source"]) for c in json.loads(
+        (Path(__file__).resolve().parent.parent / "notebooks" / NOTEBOOK).read_text())["cells"]
+        if c["cell_type"] == "code"]
+    exercise = next(c for c in cells if "# Exercise 06a:" in c)
+    harness = next(c for c in cells if "def versioned_update_problem" in c)
+    return exercise, harness
+
+
+def problem_06a(exercise_source, harness):
+    space = {"torch": torch}
+    exec(exercise_source + "\n" + harness, space)  # noqa: S102 (the notebook's own cells)
+    return check("06a", lambda: space["versioned_update_problem"](space["VersionedWeights"]))
+
+
+def test_exercise_06a_check_passes_the_solution_and_fails_the_stub():
+    exercise, harness = exercise_06a_cells()
+    assert problem_06a(exercise, harness) == "Exercise 06a: correct"
+    with pytest.raises(ExerciseFailed, match="^Exercise 06a: not written yet"):
+        problem_06a(stub(exercise), harness)
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("self.published = self.live.clone()", "self.published = self.live",
+     r"the copy of version \d+ changed after it was handed out"),
+    ("            self.version += 1\n", "", r"after 160 updates the version is 0, expected 160"),
+    ("staleness = self.version - version", "staleness = self.version - version + 1",
+     r"version read \+ staleness \+ 1 must number the updates 1..160 once each; 1 is not"),
+    ("            self.live -= self.lr * gradient\n            staleness = self.version - version\n"
+     "            self.version += 1\n            self.published = self.live.clone()",
+     "            self.published = self.live.clone()\n            self.live -= self.lr * gradient\n"
+     "            staleness = self.version - version\n            self.version += 1",
+     r"the copy of version 1 element \[0\]: expected .*, got "),
+], ids=["publishes-the-live-weights", "loses-the-version", "staleness-off-by-one", "publishes-before-the-step"])
+def test_exercise_06a_check_fails_on_a_wrong_update(old, new, message):
+    exercise, harness = exercise_06a_cells()
+    with pytest.raises(ExerciseFailed, match=f"^Exercise 06a: {message}"):
+        problem_06a(replace_solution(exercise, "06a", old, new), harness)

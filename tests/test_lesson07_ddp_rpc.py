@@ -4,8 +4,8 @@ The notebook runs both scripts with both dense layers and its check cell asserts
 those runs (every epoch logged, the loss halved, identical replicas that moved, nothing left in .grad, the
 table changed, the same start as the baseline, a bit-identical repeat, the cdopt layer feasible and the plain
 one not); a second launch of the same runs here would check nothing more. These tests cover what the
-notebook does not: bad input it does not show, and where the trainers are placed on machines with 0, 1, 2 or
-8 GPUs.
+notebook does not: bad input it does not show, where the trainers are placed on machines with 0, 1, 2 or
+8 GPUs, a run with --async-updates, and exercise 07a's check failing on its stub and on two wrong forwards.
 """
 
 import importlib
@@ -13,7 +13,9 @@ import importlib
 import pytest
 from conftest import refusal, write_scripts
 
-from helpers.launch import pick_backend
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.launch import pick_backend, run_script
+from helpers.metrics import read_metrics
 
 NOTEBOOK = "07_ddp_rpc.ipynb"
 
@@ -49,3 +51,51 @@ def test_trainers_get_a_gpu_each_or_share_one(scripts, monkeypatch, gpus, backen
     placement = pick_backend("auto", trainers, "auto", gpus=gpus)
     assert placement.backend == backend
     assert [str(placement.device(i)) for i in range(trainers)] == devices
+
+
+SMALL = ["--epochs", 2, "--steps", 2, "--batch-size", 8, "--num-ids", 40, "--dim", 8]
+
+
+def test_async_updates_run_to_the_end_with_identical_dense_replicas(scripts, tmp_path):
+    # the flag drops only the turns of the table's updates: DDP still keeps the two dense replicas equal
+    run = run_script(scripts / "ddp_rpc.py", *SMALL, "--async-updates", "--run-dir", tmp_path, cwd=tmp_path,
+                     echo=False, timeout=120)
+    assert "[rank 0] path: " in run.output
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2]
+    summary = next(r for r in records if "dense_replica_diff" in r)
+    assert summary["dense_replica_diff"] == 0.0 and summary["embedding_change"] > 0, summary
+
+
+FORWARD = ["--batch-size", 8, "--num-ids", 40, "--dim", 8]
+
+
+def check_07a(scripts, source):
+    (scripts / "ddp_rpc_forward.py").write_text(source)
+    return check_script("07a", scripts / "ddp_rpc_forward.py", *FORWARD, timeout=120, echo=False)
+
+
+@pytest.fixture
+def forward_source(scripts):
+    source = (scripts / "ddp_rpc_forward.py").read_text()
+    yield source
+    (scripts / "ddp_rpc_forward.py").write_text(source)
+
+
+def test_exercise_07a_check_fails_on_the_stub(scripts, forward_source):
+    with pytest.raises(ExerciseFailed, match="^Exercise 07a: not written yet"):
+        check_07a(scripts, stub(forward_source))
+
+
+def test_exercise_07a_check_fails_when_the_forward_skips_ddp(scripts, forward_source):
+    # the module inside the DDP wrapper computes the same logits, but nothing all-reduces its gradients
+    wrong = replace_solution(forward_source, "07a", "logits = dense(vectors", "logits = dense.module(vectors")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 07a: trainer\d dense weight gradient \(the whole batch's, "
+                                             r"averaged by DDP\) element \[\d+, \d+\]: expected .*, got "):
+        check_07a(scripts, wrong)
+
+
+def test_exercise_07a_check_fails_on_a_summed_loss(scripts, forward_source):
+    wrong = replace_solution(forward_source, "07a", "labels.to(device))", "labels.to(device), reduction=\"sum\")")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 07a: trainer\d loss of its half element \[\]: expected "):
+        check_07a(scripts, wrong)
