@@ -40,11 +40,11 @@ def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, 
     assert message in refusal(scripts[script], *flags)
 
 
-ZERO2 = ["--world-size", 2, "--steps", 3, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16]
+ZERO2 = ["--world-size", 2, "--steps", 2, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16]
 
 
 def check_zero2(scripts, tmp_path, source):
-    """Exercise 09a's check on `source` in place of zero2_train.py (2 ranks, 3 steps of a small model)."""
+    """Exercise 09a's check on `source` in place of zero2_train.py (2 ranks, 2 steps of a small model)."""
     path = scripts["zero2_train.py"].with_name("zero2_under_test.py")  # beside tinyformer.py
     path.write_text(source)
     return check_script("09a", path, *ZERO2, "--run-dir", tmp_path, timeout=180, echo=False)
