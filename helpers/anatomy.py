@@ -28,8 +28,9 @@ class SavedTensorBytes:
 
     ``exclude``: tensors whose storage does not count (pass the parameters: a linear layer saves its
     weight, which is held anyway). Inside, ``torch.autograd.graph.saved_tensors_hooks`` sees each saved
-    tensor; two tensors that share a storage (a view and its base, or one input saved by three layers)
-    count once, by the storage's size, which is what stays in memory.
+    tensor; two tensors that share a storage (a view and its base, or one output saved by two operations,
+    as a softmax's output is saved by the softmax and by the matrix product that reads it) count once, by
+    the storage's size, which is what stays in memory.
 
     Attributes after the block: ``bytes`` (int), ``tensors`` (how many were saved), ``skipped_bytes``
     (bytes of saved tensors that share an excluded storage, counted once each).
@@ -167,8 +168,11 @@ def timeline(prof, keep=lambda name: True) -> list[dict]:
 
     Each row: ``{"name", "thread", "start_ms", "ms"}``, times in milliseconds from the first event kept;
     sorted by start. Rows are JSON-serialisable, so a rank can write them with its metrics.
+
+    Only CPU-side events are kept: the timeline is the CPU's view. On a GPU an operation's row is the time
+    the CPU spent issuing it; its kernel runs later, on the device's stream, and appears in no row.
     """
-    events = [e for e in prof.events() if keep(e.name)]
+    events = [e for e in prof.events() if keep(e.name) and e.device_type == torch.autograd.DeviceType.CPU]
     if not events:
         return []
     t0 = min(e.time_range.start for e in events)

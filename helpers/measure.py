@@ -83,7 +83,9 @@ class Timeline:
 
     ``run(k, net, x)`` returns ``net(x)`` and notes ``(k, "forward", start, end)``; once autograd has
     run the backward of that output down to the input, it notes ``(k, "backward", start, end)``: from
-    the moment the gradient reached the output to the moment the node nearest the input has run.
+    the moment the gradient reached the output to the moment the node nearest the input has run. On a
+    GPU both ends wait for the device (``torch.cuda.synchronize``): an end is when the kernels are done,
+    not when the CPU has queued them.
     """
 
     def __init__(self):
@@ -92,14 +94,17 @@ class Timeline:
     def run(self, k, net: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
         start = time.time()
         h = net[0](x)
-        (x if x.requires_grad else h).grad_fn.register_hook(lambda *_: self._backward_done(k))
+        device = h.device
+        (x if x.requires_grad else h).grad_fn.register_hook(lambda *_: self._backward_done(k, device))
         out = _Stamp.apply(net[1:](h), lambda: self._grad_arrived.setdefault(k, time.time()))
         if out.is_cuda:
             torch.cuda.synchronize(out.device)  # the forward ends when the GPU is done, not when it is queued
         self.trace.append((k, "forward", start, time.time()))
         return out
 
-    def _backward_done(self, k):
+    def _backward_done(self, k, device):
+        if device.type == "cuda":  # the hook runs when the last kernel is queued: wait until it has run
+            torch.cuda.synchronize(device)
         self.trace.append((k, "backward", self._grad_arrived.pop(k), time.time()))
 
     def take(self) -> list[tuple[int, str, float, float]]:

@@ -37,14 +37,33 @@ class Laps:
 
 
 def local_bytes(tensors) -> int:
-    """Bytes of the tensors' storage on this rank: a ``DTensor`` counts its local shard only; ``None`` counts 0.
+    """Bytes of the tensors' elements on this rank: a ``DTensor`` counts its local shard only; ``None`` counts 0.
 
-    This is accounting of live tensors, not the allocator's memory: buffers a library keeps aside (DDP's
-    buckets, FSDP2's all-gather buffers, the allocator's cache) do not appear in it.
+    This counts what each tensor shows (``nbytes``), not the storage behind it: FSDP2 pads every rank's shard
+    of a parameter to the size of rank 0's, and a shard is a view without the padding, so a rank with a
+    shorter shard is counted smaller than what it allocated (:func:`storage_bytes` counts that). Nor is it
+    the allocator's memory: buffers a library keeps aside (DDP's buckets, FSDP2's all-gather buffers, the
+    allocator's cache) do not appear in it.
     """
     from torch.distributed.tensor import DTensor
 
     return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in tensors if t is not None)
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the storages behind the tensors on this rank, each storage once: what was allocated for them.
+
+    A ``DTensor`` counts its local shard's storage (padding included); views of one storage count it once;
+    ``None`` counts 0.
+    """
+    from torch.distributed.tensor import DTensor
+
+    storages = {}
+    for t in tensors:
+        if t is not None:
+            storage = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def peak_memory(device: torch.device) -> int | None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import refusal, run_in_this_process, write_scripts
 
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import ScriptError, run_script
 
 NOTEBOOK = "08_scaling_faults.ipynb"
@@ -107,6 +108,7 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
     job = tmp_path / "job.sbatch"
     assert subprocess.run(["bash", "-n", job]).returncode == 0
     assert "#SBATCH --nodes=4" in job.read_text() and "#SBATCH --time=01:30:00" in job.read_text()
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in job.read_text(), "restarted workers need a fresh store"
     for stand_in, body in {"srun": 'printf "%s\\n" "$@"', "scontrol": 'printf "n1\\nn2\\nn3\\nn4\\n"'}.items():
         (tmp_path / stand_in).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / stand_in).chmod(0o755)
@@ -130,9 +132,34 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
     ("elastic_mnist.py", ["--world-size", "3", "--batch-size", "64"], "must be a multiple of --world-size 3"),
     ("desync.py", ["--timeout", "0"], "--timeout: must be a finite number <= 3600 and > 0, got 0"),
     ("desync.py", ["--timeout", "2", "--dump-after", "2"], "--dump-after 2 must be shorter than --timeout 2"),
+    ("resumable.py", ["--check", "--kill-in-save", "7"], "--kill-in-save 7 must be a checkpoint step after the first"),
 ], ids=["negative-restarts", "endpoint-without-port", "endpoint-port-zero", "no-script", "kill-beyond-run",
-        "kill-rank-missing", "batch-not-divisible", "zero-timeout", "dump-after-timeout"])
+        "kill-rank-missing", "batch-not-divisible", "zero-timeout", "dump-after-timeout",
+        "kill-not-at-a-checkpoint"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, script, flags, message):
     error = refusal(scripts / script, *flags, cwd=scripts)
     assert message in error, error
     assert not leftovers(scripts)
+
+
+RESUME = ["--check", "--steps", 30, "--checkpoint-every", 5, "--kill-in-save", 20]
+
+
+def check_resumable(scripts, tmp_path, source):
+    """Exercise 08a's check on `source` in place of resumable.py (killed while saving step 20, resumed)."""
+    path = tmp_path / "resumable.py"
+    path.write_text(source)
+    return check_script("08a", path, *RESUME, "--run-dir", tmp_path / "run", timeout=120, echo=False)
+
+
+def test_exercise_08a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
+    source = (scripts / "resumable.py").read_text()
+    assert "resumed from step 15" in check_resumable(scripts, tmp_path, source)
+    with pytest.raises(ExerciseFailed, match="^Exercise 08a: not written yet"):
+        check_resumable(scripts, tmp_path, stub(source))
+    not_atomic = replace_solution(source, "08a", 'path.with_name(path.name + ".partial")', "path")
+    with pytest.raises(ExerciseFailed, match=r"step_000020\.pt is broken .*: the save killed midway"):
+        check_resumable(scripts, tmp_path, not_atomic)
+    oldest = replace_solution(source, "08a", "paths[-1]", "paths[0]")
+    with pytest.raises(ExerciseFailed, match="resumed from step 5, expected 15"):
+        check_resumable(scripts, tmp_path, oldest)

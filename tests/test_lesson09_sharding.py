@@ -2,13 +2,16 @@
 
 The notebook's check cells, run by nbmake in the quick profile, already assert every claim of its runs: each
 layout's bytes per rank against ZeRO's formula, its collectives, the same steps as one process in float64,
-the 2-D mesh, the DCP checkpoint saved by 2 ranks and loaded by 1, the split MLP block, and two refusals
+the 2-D mesh, the DCP checkpoint saved by 2 ranks and loaded by 1, ZeRO-2 (exercise 09a, whose check is shown
+failing here on its stub and on wrong answers), the split MLP block, and two refusals
 started from the command line (exit code 2, nothing spawned). Running those scripts again here would add time,
 not coverage. What is left: every script's flag checks, run in this process (no interpreter, no worker).
 """
 
 import pytest
 from conftest import refusal, write_scripts
+
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 
 NOTEBOOK = "09_sharding.ipynb"
 
@@ -29,8 +32,37 @@ def scripts(tmp_path_factory):
     ("tp_mlp.py", ["--world-size", 3], "--world-size 3 does not divide --hidden 512"),
     ("dcp_save.py", ["--world-size", 2, "--batch-size", 3], "--batch-size 3 must be a multiple of --world-size 2"),
     ("dcp_load.py", ["--ckpt-dir", "no/such/folder"], "no checkpoint in no/such/folder"),
+    ("zero2_train.py", ["--world-size", 2, "--batch-size", 5], "--batch-size 5 must be a multiple of --world-size 2"),
 ], ids=["unknown-mode", "single-on-two-ranks", "fsdp-tp-too-few-ranks", "batch-not-divisible", "too-few-steps",
-        "tp-hidden-not-divisible", "tp-mlp-hidden", "dcp-batch", "no-checkpoint"])
+        "tp-hidden-not-divisible", "tp-mlp-hidden", "dcp-batch", "no-checkpoint", "zero2-batch"])
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
     """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
     assert message in refusal(scripts[script], *flags)
+
+
+ZERO2 = ["--world-size", 2, "--steps", 2, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16]
+
+
+def check_zero2(scripts, tmp_path, source):
+    """Exercise 09a's check on `source` in place of zero2_train.py (2 ranks, 2 steps of a small model)."""
+    path = scripts["zero2_train.py"].with_name("zero2_under_test.py")  # beside tinyformer.py
+    path.write_text(source)
+    return check_script("09a", path, *ZERO2, "--run-dir", tmp_path, timeout=180, echo=False)
+
+
+def test_exercise_09a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
+    source = scripts["zero2_train.py"].read_text()
+    assert "steps equal one process" in check_zero2(scripts, tmp_path, source)
+    with pytest.raises(ExerciseFailed, match="^Exercise 09a: not written yet"):
+        check_zero2(scripts, tmp_path, stub(source))
+    all_reduce = replace_solution(source, "09a", "dist.reduce_scatter_tensor(shard.grad, grads)",
+                                  "dist.all_reduce(grads)\n    shard.grad.copy_(grads.chunk(world)[dist.get_rank()])")
+    with pytest.raises(ExerciseFailed, match=r"rank \d's step ran \{'all-reduce': 1, 'all-gather': 1\}, expected one "
+                                             "reduce-scatter and one all-gather"):
+        check_zero2(scripts, tmp_path, all_reduce)
+    no_gather = replace_solution(source, "09a", "dist.all_gather_into_tensor(flat, shard.detach().clone())", "pass")
+    with pytest.raises(ExerciseFailed, match=r"rank \d parameter \d+ element \[.*\]: expected .*, got"):
+        check_zero2(scripts, tmp_path, no_gather)
+    full_grads = replace_solution(source, "09a", "p.grad = None", "p.grad.zero_()")  # zeroed, but kept whole
+    with pytest.raises(ExerciseFailed, match=r"rank \d holds .* bytes between steps .* ZeRO-2 predicts"):
+        check_zero2(scripts, tmp_path, full_grads)

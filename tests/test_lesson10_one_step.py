@@ -2,7 +2,8 @@
 
 The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the bytes of
 a step and how activations grow, checkpointing's saved bytes and equal gradients, accumulation with no_sync
-equal to one process with its all-reduces counted, bfloat16's bytes per collective and loss, one all-reduce
+equal to one process with its all-reduces counted (exercise 10a: its check is shown
+failing here), bfloat16's bytes per collective and loss, one all-reduce
 per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
 bytes per rank to 64 ranks with the fake process group, and three refusals started from the command line.
 What is left: every script's flag checks, run in this process (no interpreter, no worker), and the same seed
@@ -13,6 +14,8 @@ import json
 
 import pytest
 from conftest import refusal, run_in_this_process, write_scripts
+
+from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 
 NOTEBOOK = "10_one_step.ipynb"
 
@@ -57,3 +60,27 @@ def test_same_seed_gives_the_same_gradients(scripts, tmp_path):
         records = [json.loads(line) for line in (tmp_path / name / "rank0.jsonl").read_text().splitlines()]
         largest.append(records[-1]["grad_max"])
     assert largest[0] == largest[1] != largest[2]
+
+
+ACCUMULATE = ["--world-size", 2, "--steps", 2, "--micro-steps", 2, "--batch-size", 8, "--dim", 32, "--hidden", 64]
+
+
+def check_accumulate(scripts, tmp_path, source):
+    """Exercise 10a's check on `source` in place of step_accumulate.py (2 ranks, 2 steps of 2 micro-batches)."""
+    path = scripts["step_accumulate.py"].with_name("accumulate_under_test.py")  # beside step_model.py
+    path.write_text(source)
+    return check_script("10a", path, *ACCUMULATE, "--run-dir", tmp_path, timeout=180, echo=False)
+
+
+def test_exercise_10a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
+    source = scripts["step_accumulate.py"].read_text()
+    assert "equal one process's steps" in check_accumulate(scripts, tmp_path, source)
+    with pytest.raises(ExerciseFailed, match="^Exercise 10a: not written yet"):
+        check_accumulate(scripts, tmp_path, stub(source))
+    always_sync = replace_solution(source, "10a", "model.no_sync() if i < k - 1 else contextlib.nullcontext()",
+                                   "contextlib.nullcontext()")
+    with pytest.raises(ExerciseFailed, match=r"rank \d ran \d+ all-reduces in optimizer step 1, expected \d+: one per"):
+        check_accumulate(scripts, tmp_path, always_sync)
+    no_mean = replace_solution(source, "10a", "yi.flatten()) / k", "yi.flatten())")
+    with pytest.raises(ExerciseFailed, match=r"rank \d weights element \[\d+\]: expected .*, got"):
+        check_accumulate(scripts, tmp_path, no_mean)
