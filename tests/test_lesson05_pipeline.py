@@ -66,7 +66,7 @@ def test_the_most_micro_batches_the_rpc_flag_accepts_run_to_the_end(scripts, tmp
     ("pipeline_rpc.py", ["--world-size", 2], "--world-size 2: this pipeline has 3 roles"),
     ("pipeline_pp.py", ["--world-size", 3], "--world-size 3: this pipeline has 2 stages"),
     ("pipeline_pp.py", ["--schedule", "1f1b", "--micro-batches", 1], "1f1b needs at least as many micro-batches"),
-    ("pipeline_rpc.py", ["--micro-batches", 0], "must be an integer >= 1, got 0"),
+    ("pipeline_rpc.py", ["--micro-batches", 0], "must be an integer >= 1 and <= 64, got 0"),
     ("pipeline_pp.py", ["--image-size", 16], "must be an integer >= 32 and <= 1024, got 16"),
     ("pipeline_single_process.py", ["--threads", 0], "must be an integer >= 1 and <= 64, got 0"),
     ("pipeline_pp.py", ["--batch-size", 32, "--micro-batches", 4, 3],
@@ -100,12 +100,18 @@ def test_float32_math_turns_tf32_off_and_cudnn_deterministic_on_a_gpu_only(scrip
     resnet_shards = importlib.import_module("resnet_shards")
     flags = (torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"), \
         (torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "benchmark")
-    for module, name in flags:  # restored after the test
-        monkeypatch.setattr(module, name, not (name == "deterministic"))
-    resnet_shards.float32_math("cpu")
-    assert [getattr(m, n) for m, n in flags] == [True, True, False, True], "the CPU needs none of it"
-    resnet_shards.float32_math("cuda:0")
-    assert [getattr(m, n) for m, n in flags] == [False, False, True, False]
+    saved = [getattr(module, name) for module, name in flags]
+    try:
+        for module, name in flags:
+            setattr(module, name, name != "deterministic")
+        resnet_shards.float32_math("cpu")
+        assert [getattr(m, n) for m, n in flags] == [True, True, False, True], "the CPU needs none of it"
+        resnet_shards.float32_math("cuda:0")
+        assert [getattr(m, n) for m, n in flags] == [False, False, True, False]
+    finally:
+        for (module, name), value in zip(flags, saved, strict=True):
+            setattr(module, name, value)
+
 
 
 LOOP = ["--image-size", 32, "--batch-size", 8, "--micro-batches", 4]  # the smallest step the check can judge
