@@ -98,10 +98,10 @@ class Placement:
 
     def __str__(self) -> str:
         if self.backend == "nccl":
-            return f"NCCL, one GPU per rank ({self.ranks} ranks, {self.gpus} GPUs): rank r on cuda:r"
+            return f"NCCL, one GPU per rank ({self.ranks} ranks, {self.gpus} GPUs): local rank r on cuda:r"
         if self.device_type == "cuda":
             return (f"gloo, {self.ranks} ranks share {self.gpus} GPU{'s' if self.gpus > 1 else ''}: "
-                    f"rank r on cuda:(r mod {self.gpus}) (NCCL needs one GPU per rank)")
+                    f"local rank r on cuda:(r mod {self.gpus}) (NCCL needs one GPU per rank)")
         why = "no GPU here" if self.gpus == 0 else f"the CPU was asked for, {self.gpus} GPUs unused"
         if self.gpus == 0 and self.mps:
             why = "no CUDA GPU here; this Mac's MPS GPU stays unused: gloo's collectives carry CPU tensors only"
@@ -112,10 +112,12 @@ def pick_backend(backend: str = "auto", ranks_per_machine: int = 1, device: str 
                  share_gpus: bool = True, gpus: int | None = None, mps: bool | None = None) -> Placement:
     """Decide backend and devices for ``ranks_per_machine`` ranks from what this machine has.
 
-    * a GPU per rank: NCCL, rank r on ``cuda:r``;
-    * fewer GPUs than ranks: gloo (it carries CUDA tensors for all-reduce and broadcast) with the
-      ranks sharing the GPUs, or the CPU if ``share_gpus`` is False (for code that needs collectives
-      gloo has no CUDA version of);
+    * a GPU per rank: NCCL, local rank r on ``cuda:r``;
+    * fewer GPUs than ranks: gloo with the ranks sharing the GPUs (gloo carries CUDA tensors for all-reduce,
+      broadcast, reduce, all-gather, gather, scatter and all-to-all, staged through host memory, and builds
+      reduce-scatter from all-reduce; not point-to-point send/recv), or the CPU if ``share_gpus`` is False
+      (for code that gains nothing from ranks sharing one GPU, such as sharding, or that needs send/recv of
+      CUDA tensors);
     * no GPU, or ``device="cpu"``: gloo on the CPU. An Apple GPU (``mps``) is never chosen: gloo has
       no MPS collectives, so a Mac computes and communicates on the CPU, and the placement says so.
 
