@@ -6,8 +6,7 @@ Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
 ``checkpoint`` (atomic saves), ``compare`` (differences between tensors), ``system`` (what differs
 between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),
 ``measure`` (lesson 05's timeline, page faults and allocator arenas), ``meters`` (lesson 09's bytes
-per rank), ``anatomy`` (lesson 10's saved-activation bytes, collective log and profiler rows), ``startup``
-(how long workers take to start with each start method: lesson 00, ``python -m helpers.startup``),
+per rank), ``anatomy`` (lesson 10's saved-activation bytes, collective log and profiler rows),
 ``build`` (what ``make course`` runs). Importing changes no global state; it checks that the installed
 PyTorch is not older than :data:`TORCH_FLOOR` (:func:`check_torch`), and stops in one line if it is.
 """

@@ -2,10 +2,8 @@
 
 Two ways in, one script:
 
-* ``python script.py --world-size N`` calls :func:`launch`, which starts N
-  worker processes on this machine, each running ``fn(worker, *args)``: forked
-  from a forkserver that imported torch once (see :data:`PRELOAD`), or spawned
-  where the system has no forkserver (Windows).
+* ``python script.py --world-size N`` calls :func:`launch`, which spawns N
+  worker processes on this machine, each running ``fn(worker, *args)``.
 * ``torchrun --nproc-per-node N script.py`` starts the processes itself;
   :func:`launch` sees ``RANK``/``WORLD_SIZE`` and runs ``fn`` once, as that rank.
 
@@ -15,10 +13,7 @@ and starts it with :func:`run_script`, which owns the whole process group.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
-import multiprocessing
 import os
 import queue
 import shutil
@@ -41,14 +36,6 @@ from helpers.system import loopback_interface, require_rpc
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # the variables that tell gloo and TensorPipe which network interface to use
 SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
-START_METHODS = ("forkserver", "spawn")
-# What the forkserver imports once, before it forks the workers, so that no worker imports it again: the
-# script that called launch (with its own imports: torch, helpers ...) and torch.distributed.
-PRELOAD = ("__main__", "torch", "torch.distributed")
-# DDP and FSDP import torch._dynamo at their first use, about as long again as importing torch, in every
-# worker. The server imports it too where fn's module names one of these; elsewhere it would only delay
-# the workers (the server's imports run on one core, before the first worker starts).
-DYNAMO_USERS = ("DistributedDataParallel", ".ddp(", "fully_shard")
 
 
 class WorkerError(RuntimeError):
@@ -238,7 +225,7 @@ def under_torchrun() -> bool:
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "auto", share_gpus: bool = True,
-           threads: int | None = 1, start_method: str | None = None, preload: tuple | None = None) -> None:
+           threads: int | None = 1) -> None:
     """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
 
     Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
@@ -251,11 +238,6 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the
     resulting :class:`Placement` and its own device in its :class:`Worker`.
 
-    ``start_method`` is how the workers start (default :func:`default_start_method`): ``"forkserver"``
-    forks them from a server process that imported ``preload`` once (default :func:`preload_for`), started
-    for this call and ended with it; ``"spawn"`` starts a fresh interpreter per worker, which imports torch
-    again. Either way each worker sees this process's environment as it was at the call.
-
     Bad arguments raise ValueError before anything is spawned; a worker that
     raises ends the run at once with :class:`WorkerError` carrying its traceback.
     """
@@ -263,10 +245,6 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         raise ValueError(f"world size must be an integer >= 1, got {world_size!r}")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
-    method = start_method or default_start_method()
-    if method not in START_METHODS or method not in multiprocessing.get_all_start_methods():
-        raise ValueError(f"start method {method!r} is not one of {', '.join(START_METHODS)} available here "
-                         f"({', '.join(multiprocessing.get_all_start_methods())})")
     if under_torchrun():
         _run_as_torchrun_rank(fn, world_size, args, pick_backend(backend, ranks_per_machine(world_size),
                                                                  device, share_gpus), threads)
@@ -286,124 +264,28 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         init, rpc_init = f"file://{folder}/pg", f"file://{folder}/rpc"
     else:  # the user chose an address: meet there over TCP
         init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
-    # environ: a forked worker inherits the server's environment, which is this one as it was when the
-    # server started; each worker sets the whole of this process's, as a spawned worker would find it
     plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr,
-                ifnames=ifnames, environ=dict(os.environ))
-    from multiprocessing import resource_tracker
-
+                ifnames=ifnames)
     import torch.multiprocessing as mp
 
-    tracker = resource_tracker._resource_tracker._pid is None  # spawn and forkserver start one: ours to end
-    server, context = False, None
     try:
-        server = method == "forkserver" and _start_forkserver(preload_for(fn) if preload is None else preload)
         context = mp.start_processes(_spawned, args=(fn, args, plan, threads), nprocs=world_size,
-                                     start_method=method, join=False)
-        while not context.join():
-            pass
+                                     start_method="spawn", join=False)
+        try:
+            while not context.join():
+                pass
+        finally:  # a worker that raised left its traceback in a temporary file, which PyTorch keeps
+            for path in context.error_files:
+                if os.path.exists(path):
+                    os.remove(path)
     except mp.ProcessRaisedException as e:
         raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}") from None
     except mp.ProcessExitedException as e:
         raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}") from None
     finally:
-        if context is not None:
-            _end_workers(context)
-        if server:
-            _stop_forkserver()
-        if tracker:
-            _stop_resource_tracker()
         shutil.rmtree(folder, ignore_errors=True)
         if restore is not None:
             signal.signal(signal.SIGTERM, restore)
-
-
-def default_start_method() -> str:
-    """``"forkserver"`` where this system has it (Linux, macOS), else ``"spawn"`` (Windows)."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def preload_for(fn) -> tuple[str, ...]:
-    """What the forkserver imports for a run of ``fn``: :data:`PRELOAD`, and ``torch._dynamo`` where the source
-    of ``fn``'s module names DDP or FSDP (one of :data:`DYNAMO_USERS`)."""
-    try:
-        source = inspect.getsource(sys.modules[fn.__module__])
-    except (KeyError, OSError, TypeError):  # no module, or no source file to read
-        return PRELOAD
-    return PRELOAD + (("torch._dynamo",) if any(name in source for name in DYNAMO_USERS) else ())
-
-
-def _start_forkserver(preload) -> bool:
-    """Start multiprocessing's forkserver, which imports ``preload`` first; False if one runs already (not ours).
-
-    It imports the modules with OPENBLAS_NUM_THREADS=1, so that numpy's BLAS starts no thread pool in it:
-    only a process that runs one thread can be forked safely. Each worker then sets the environment of
-    the call (see ``environ`` in :func:`launch`), where that variable has the user's value again.
-    """
-    from multiprocessing import forkserver
-
-    if forkserver._forkserver._forkserver_pid is not None:
-        return False
-    forkserver.set_forkserver_preload(list(preload))
-    users = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        forkserver.ensure_running()
-    finally:
-        if users is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = users
-    return True
-
-
-def _stop_forkserver() -> None:
-    """End the forkserver this process started, and reap it, so that none outlives the run. Its workers have
-    ended; SIGTERM spares it the second or so that Python's teardown of torch would take before it exits."""
-    from multiprocessing import forkserver
-
-    with contextlib.suppress(ProcessLookupError):  # it died already (run_script's SIGTERM reaches it too)
-        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
-    with contextlib.suppress(ChildProcessError):  # already reaped
-        forkserver._forkserver._stop()  # closes its 'alive' pipe, reaps it, removes its socket
-
-
-def _stop_resource_tracker(grace: float = 5.0) -> None:
-    """End multiprocessing's resource tracker, which the run started (it unlinks what the workers leaked, such
-    as named semaphores, when the last holder of its pipe closes it), and reap it; SIGKILL after ``grace`` s if
-    a process that outlived the run still holds the pipe."""
-    from multiprocessing import resource_tracker
-
-    tracker = resource_tracker._resource_tracker
-    if tracker._pid is None:
-        return
-    pid, deadline = tracker._pid, time.monotonic() + grace
-    os.close(tracker._fd)
-    tracker._fd = tracker._pid = None
-    with contextlib.suppress(ChildProcessError):  # already reaped
-        while os.waitpid(pid, os.WNOHANG)[0] == 0:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.01)
-
-
-def _end_workers(context, grace: float = 3.0) -> None:
-    """End the workers still running (after an interrupt or an error here), SIGTERM then SIGKILL, reap them,
-    and remove the traceback files of those that raised, which PyTorch leaves in the temporary folder."""
-    alive = [p for p in context.processes if p.is_alive()]
-    for p in alive:
-        p.terminate()
-    deadline = time.monotonic() + grace
-    for p in alive:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
-    for path in context.error_files:
-        if path and os.path.exists(path):
-            os.remove(path)
 
 
 def _exit_on_sigterm(signum, frame):
@@ -432,10 +314,7 @@ def _prepare_process(threads: int | None) -> None:
 
 
 def _spawned(rank, fn, args, plan, threads) -> None:
-    """Entry point of each started worker: set up its environment, then call ``fn``."""
-    _leave_forkserver()
-    os.environ.clear()
-    os.environ.update(plan["environ"])
+    """Entry point of each spawned worker: set up its environment, then call ``fn``."""
     _prepare_process(threads)
     os.environ.update(plan["ifnames"])  # gloo and TensorPipe on loopback for a local run (the user's choice kept)
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
@@ -444,19 +323,6 @@ def _spawned(rank, fn, args, plan, threads) -> None:
     fn(Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
               plan["init_method"], plan["rpc_init_method"], placement), *args)
     _leave_now()
-
-
-def _leave_forkserver() -> None:
-    """A worker forked by a forkserver inherits the server's 'alive' pipe, which would keep the server running
-    for as long as any worker does. Closed here, the server lives exactly as long as the launcher: if the
-    launcher dies, the server ends, and its workers get the SIGINT that torch asked for at their parent's
-    death (prctl PDEATHSIG, Linux), as spawned workers get it at the launcher's. A spawned worker has none."""
-    from multiprocessing import forkserver
-
-    fd = forkserver._forkserver._forkserver_alive_fd
-    if fd is not None and forkserver.get_inherited_fds() is not None:
-        os.close(fd)
-        forkserver._forkserver._forkserver_alive_fd = None
 
 
 def _leave_now() -> None:

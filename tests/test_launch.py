@@ -1,9 +1,7 @@
 """helpers.launch: starting workers on this machine and under torchrun."""
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,18 +12,7 @@ import psutil
 import pytest
 import torch
 
-from helpers.launch import (
-    PRELOAD,
-    ScriptError,
-    WorkerError,
-    default_start_method,
-    free_port,
-    launch,
-    pick_backend,
-    preload_for,
-    run_script,
-)
-from helpers.startup import compare_start_methods, format_rows
+from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script
 from helpers.system import loopback_interface
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
@@ -76,28 +63,6 @@ def test_worker_ddp_syncs_weights_and_averages_gradients(three_ranks):
     assert all(s["ddp_grad"] == [[2.0, 2.0]] for s in seen), [s["ddp_grad"] for s in seen]
 
 
-def test_workers_fork_from_one_server_that_imported_torch_and_runs_one_thread(three_ranks):
-    if default_start_method() != "forkserver":
-        pytest.skip("this system has no forkserver: the workers are spawned")
-    parents = {s["parent"]["pid"]: s["parent"] for s in three_ranks}
-    assert len(parents) == 1, f"the three workers have different parents: {parents}"
-    server = parents.popitem()[1]
-    assert "multiprocessing.forkserver" in " ".join(server["cmdline"]), server["cmdline"]
-    assert server["threads"] == 1, "a process that runs threads (a BLAS or OpenMP pool) is not safe to fork"
-
-
-def test_the_forkserver_imports_dynamo_only_for_code_that_uses_ddp(tmp_path, monkeypatch):
-    assert {"__main__", "torch", "torch.distributed"} <= set(PRELOAD)
-    (tmp_path / "uses_ddp.py").write_text("def run(worker):\n    worker.ddp(None)\n")
-    (tmp_path / "uses_rpc.py").write_text("def run(worker):\n    worker.init_rpc()\n")
-    monkeypatch.syspath_prepend(tmp_path)
-    import uses_ddp
-    import uses_rpc
-
-    assert preload_for(uses_ddp.run) == PRELOAD + ("torch._dynamo",)
-    assert preload_for(uses_rpc.run) == PRELOAD
-
-
 def test_threads_none_keeps_pytorchs_default(tmp_path):
     run_script(SCRIPT, "--world-size", 2, "--threads", 0, "--out", tmp_path, echo=False, timeout=120)
     assert {s["threads"] for s in ranks_seen(tmp_path)} == {torch.get_num_threads()}
@@ -146,36 +111,6 @@ def test_worker_that_dies_is_reported_with_its_rank(tmp_path):
     assert "rank 1 exits with code 3, skipping" in str(failed.value), "what the rank printed before dying"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux tells a child its parent died (PDEATHSIG)")
-def test_workers_end_when_the_launcher_alone_is_killed(tmp_path):
-    launcher = subprocess.Popen([sys.executable, str(SCRIPT), "--world-size", "2", "--hang", "--out", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("rank*.json"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.5)  # let the last writer finish its file
-        seen = ranks_seen(tmp_path)
-        assert len(seen) == 2, "the workers did not start"
-        run = {s["pid"] for s in seen} | {s["parent"]["pid"] for s in seen} - {launcher.pid}
-        launcher.kill()  # SIGKILL: no finally of the launcher runs, its group is not signalled
-        launcher.wait()
-        deadline = time.monotonic() + 20
-        while (left := [pid for pid in run if _alive(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"{[psutil.Process(pid).cmdline() for pid in left]} outlived the killed launcher"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launcher.pid, signal.SIGKILL)
-
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_two_launches_at_once_do_not_collide(tmp_path):
     outs = [tmp_path / "a", tmp_path / "b"]
     errors = []
@@ -208,51 +143,6 @@ def test_same_script_runs_under_torchrun(tmp_path):
 
 def _top_level_worker(worker):
     raise AssertionError("must never run")
-
-
-def _record_environment(worker, out):
-    names = ("COURSE_PROBE", "OPENBLAS_NUM_THREADS", "RANK")
-    Path(out, f"env{worker.rank}.json").write_text(json.dumps({name: os.environ.get(name) for name in names}))
-
-
-def _fail_on_rank_1(worker):
-    if worker.rank == 1:
-        raise ZeroDivisionError("deliberate failure on rank 1")
-    time.sleep(60)  # rank 0 is busy when rank 1 fails: launch must end it
-
-
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_workers_see_the_environment_of_the_call(tmp_path, monkeypatch, start_method):
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")  # the forkserver imports numpy with 1: the workers get 3 back
-    for value in ("first", "second"):
-        monkeypatch.setenv("COURSE_PROBE", value)
-        launch(_record_environment, 2, tmp_path, start_method=start_method)
-        seen = [json.loads((tmp_path / f"env{r}.json").read_text()) for r in (0, 1)]
-        assert seen == [{"COURSE_PROBE": value, "OPENBLAS_NUM_THREADS": "3", "RANK": str(r)} for r in (0, 1)]
-    assert not children(), "the workers, the forkserver and multiprocessing's resource tracker end with the run"
-
-
-def test_a_failed_launch_leaves_no_process_behind():
-    start = time.perf_counter()
-    with pytest.raises(WorkerError, match="rank 1 raised:(.|\n)*ZeroDivisionError: deliberate failure on rank 1"):
-        launch(_fail_on_rank_1, 2)
-    assert time.perf_counter() - start < 30, "rank 0 sleeps 60 s: launch must end it as soon as rank 1 fails"
-    assert not children(), "the workers, the forkserver and multiprocessing's resource tracker end with the run"
-
-
-def test_unknown_start_method_is_refused_before_spawning():
-    with pytest.raises(ValueError, match="start method 'fork' is not one of forkserver, spawn"):
-        launch(_top_level_worker, 2, start_method="fork")
-    assert not children()
-
-
-def test_start_methods_are_timed_side_by_side():
-    rows = compare_start_methods(world_sizes=(2,))
-    assert [(r["world_size"], r["method"]) for r in rows] == [(2, m) for m in ("forkserver", "spawn")
-                                                             if m == "spawn" or default_start_method() == m]
-    assert all(0 < r["ready"] <= r["joined"] for r in rows), rows
-    table = format_rows(rows)
-    assert table.splitlines()[0].split()[:2] == ["workers", "DDP"] and len(table.splitlines()) == 1 + len(rows)
 
 
 @pytest.mark.parametrize("world_size", [0, -2, 1.5, True])

@@ -24,9 +24,7 @@ def run(worker, args):
     ddp(torch.full((1, 2), float(worker.rank + 1), device=worker.device)).sum().backward()
     listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
                         if c.status == psutil.CONN_LISTEN})
-    parent = psutil.Process(os.getppid())  # the forkserver the worker was forked from (or the launcher)
     seen = dict(rank=worker.rank, sum=total.item(), threads=torch.get_num_threads(), pid=os.getpid(),
-                parent=dict(pid=parent.pid, cmdline=parent.cmdline(), threads=parent.num_threads()),
                 backend=worker.backend, device=str(worker.device), listening=listening, placement=str(worker.placement),
                 init_method=worker.init_method, ifnames={name: os.environ.get(name) for name in SOCKET_IFNAMES},
                 ddp_weight=ddp.module.weight.tolist(), ddp_grad=ddp.module.weight.grad.tolist())
