@@ -1,7 +1,8 @@
 """Plumbing shared by the lessons of *Distributed PyTorch, hands-on*.
 
-Modules: ``launch`` (start workers, run scripts), ``rpc`` (RRef method calls),
-``metrics`` (per-rank JSON lines), ``plots`` (the course's figures),
+Modules: ``launch`` (start workers, run scripts), ``warm`` (scripts forked from a process that imported
+torch once), ``startup`` (what each way of starting a run costs: ``python -m helpers.startup``),
+``rpc`` (RRef method calls), ``metrics`` (per-rank JSON lines), ``plots`` (the course's figures),
 ``data`` (MNIST, online or the shipped subset), ``flags`` (argparse types with domains),
 ``checkpoint`` (atomic saves), ``compare`` (differences between tensors), ``system`` (what differs
 between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),

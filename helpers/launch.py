@@ -2,13 +2,15 @@
 
 Two ways in, one script:
 
-* ``python script.py --world-size N`` calls :func:`launch`, which spawns N
-  worker processes on this machine, each running ``fn(worker, *args)``.
+* ``python script.py --world-size N`` calls :func:`launch`, which starts N
+  worker processes on this machine (forked or spawned: :func:`choose_start_method`), each running
+  ``fn(worker, *args)``.
 * ``torchrun --nproc-per-node N script.py`` starts the processes itself;
   :func:`launch` sees ``RANK``/``WORLD_SIZE`` and runs ``fn`` once, as that rank.
 
 A notebook never spawns workers itself: it writes a script with ``%%writefile``
-and starts it with :func:`run_script`, which owns the whole process group.
+and starts it with :func:`run_script`, which owns the whole process group (and, on Linux without a GPU,
+forks the script from :mod:`helpers.warm`'s starter, which has imported torch already).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from helpers import warm
 from helpers.system import loopback_interface, require_rpc
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -225,18 +228,19 @@ def under_torchrun() -> bool:
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "auto", share_gpus: bool = True,
-           threads: int | None = 1) -> None:
+           threads: int | None = 1, start_method: str | None = None) -> None:
     """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
 
     Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
-    Otherwise ``world_size`` processes are spawned on this machine, meeting
+    Otherwise ``world_size`` processes are started on this machine, meeting
     through files in a fresh temporary folder (no TCP store, so nothing listens
     on a non-loopback address; GLOO/TP_SOCKET_IFNAME name the loopback interface,
     see :func:`socket_ifnames`, unless the user set them or set ``MASTER_ADDR``
     to another address). ``threads`` limits each
     worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
     ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the
-    resulting :class:`Placement` and its own device in its :class:`Worker`.
+    resulting :class:`Placement` and its own device in its :class:`Worker`. ``start_method`` is ``"fork"`` or
+    ``"spawn"``; None (the default) lets :func:`choose_start_method` choose (fork where it is safe and cheaper).
 
     Bad arguments raise ValueError before anything is spawned; a worker that
     raises ends the run at once with :class:`WorkerError` carrying its traceback.
@@ -249,8 +253,14 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         _run_as_torchrun_rank(fn, world_size, args, pick_backend(backend, ranks_per_machine(world_size),
                                                                  device, share_gpus), threads)
         return
+    if start_method not in (None, "fork", "spawn"):
+        raise ValueError(f"start_method must be None, 'fork' or 'spawn', got {start_method!r}")
     _check_spawnable(fn)
     placement = pick_backend(backend, world_size, device, share_gpus)
+    method = start_method or choose_start_method(placement, threads)
+    if method == "fork" and (placement.device_type == "cuda" or threading.active_count() > 1 or threads != 1):
+        raise ValueError("start_method 'fork' is for a CPU run with one thread per worker, started from a "
+                         "process with one thread: use 'spawn' or None")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     ifnames = socket_ifnames() if addr in LOOPBACK else {}
 
@@ -269,8 +279,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     import torch.multiprocessing as mp
 
     try:
-        context = mp.start_processes(_spawned, args=(fn, args, plan, threads), nprocs=world_size,
-                                     start_method="spawn", join=False)
+        with warnings.catch_warnings():  # Python 3.12+ on fork: the one other thread is OpenBLAS's (fork-safe)
+            warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded, use of fork",
+                                    category=DeprecationWarning)
+            context = mp.start_processes(_spawned, args=(fn, args, plan, threads, method), nprocs=world_size,
+                                         start_method=method, join=False)
         try:
             while not context.join():
                 pass
@@ -304,6 +317,18 @@ def _check_spawnable(fn) -> None:
         )
 
 
+def choose_start_method(placement: Placement, threads: int | None = 1) -> str:
+    """How :func:`launch` starts workers: ``"fork"`` where that is the same as a fresh process and cheaper (the
+    workers inherit this process's imported torch instead of importing it again): on Linux, with no GPU present
+    and the CPU placed, no other Python thread running here (a Jupyter kernel has several), and one thread per
+    worker (GNU OpenMP's thread pool does not survive a fork: a forked worker that computes on several threads
+    after its parent did can wait forever). Everywhere else ``"spawn"``: a fresh interpreter per worker."""
+    if threads == 1 and placement.device_type == "cpu" and placement.gpus == 0 and warm.usable() \
+            and threading.active_count() == 1 and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
 def _prepare_process(threads: int | None) -> None:
     """What every worker process does first, however it was started."""
     # rpc.init_rpc trips this deprecation inside PyTorch itself; it says nothing about the learner's code.
@@ -313,8 +338,14 @@ def _prepare_process(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _spawned(rank, fn, args, plan, threads) -> None:
-    """Entry point of each spawned worker: set up its environment, then call ``fn``."""
+def _spawned(rank, fn, args, plan, threads, method="spawn") -> None:
+    """Entry point of each worker that launch started (forked or spawned): set up its environment, then call
+    ``fn``."""
+    if method == "fork":  # start as a spawned worker would: default SIGTERM, fresh random states
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        torch.seed()  # a fresh process seeds PyTorch's generator from the OS; a fork would share its parent's
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
     _prepare_process(threads)
     os.environ.update(plan["ifnames"])  # gloo and TensorPipe on loopback for a local run (the user's choice kept)
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
@@ -363,7 +394,9 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
                cwd=None, echo: bool = True, command: list | None = None) -> ScriptRun:
     """Run ``python script *args`` in its own process group and stream its output live.
 
-    ``command`` replaces the interpreter (e.g. ``["torchrun", "--nproc-per-node", "2"]``).
+    Where :func:`helpers.warm.usable` (Linux, no GPU present), the script's process is forked from a warm
+    starter that imported torch once, instead of a fresh interpreter importing it again; it behaves the same.
+    ``command`` replaces the interpreter (e.g. ``["torchrun", "--nproc-per-node", "2"]``; never warm).
     On a non-zero exit, a timeout (``timeout`` seconds) or an interrupt the whole
     group (the script and every worker it started) is killed and
     :class:`ScriptError` / :class:`ScriptTimeout` / ``KeyboardInterrupt`` is
@@ -378,9 +411,11 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
     argv = [*(command or [sys.executable, "-u"]), str(script), *map(str, args)]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, text=True, bufsize=1, errors="replace")
+    proc = None if command else warm.start(argv[2:], cwd, full_env)  # forked from a process with torch imported
+    if proc is None:
+        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, text=True, bufsize=1, errors="replace")
     lines: list[str] = []
     pipe: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, pipe), daemon=True).start()
@@ -406,6 +441,20 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
     if code != 0:
         raise ScriptError(_failure_message(path.name, code, output), output)
     return ScriptRun(output, time.perf_counter() - start)
+
+
+def running_children() -> list[psutil.Process]:
+    """Processes this one started (and theirs) that still run, leaving out :mod:`helpers.warm`'s starter,
+    which lives as long as this process by design (the scripts it started for this process are counted)."""
+    server = warm.server_pid()
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid != server and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _pump(stream, pipe: queue.Queue) -> None:

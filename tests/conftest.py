@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import runpy
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 import helpers.launch
@@ -75,8 +73,7 @@ def refusal(script: Path, *flags, cwd=None) -> str:
 def no_process_left_behind():
     """Every test must end with no child process of the test runner still running."""
     yield
-    alive = [p for p in psutil.Process(os.getpid()).children(recursive=True)
-             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = helpers.launch.running_children()
     for p in alive:
         p.kill()
     assert not alive, f"processes outlived the test: {[p.cmdline() for p in alive]}"

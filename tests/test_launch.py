@@ -8,11 +8,10 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
-from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script
+from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script, running_children
 from helpers.system import loopback_interface
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
@@ -23,7 +22,7 @@ def ranks_seen(out: Path) -> list[dict]:
 
 
 def children():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    return running_children()
 
 
 def test_free_port_can_be_bound_on_loopback():

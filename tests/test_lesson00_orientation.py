@@ -52,11 +52,20 @@ def test_failing_rank_ends_the_run_with_its_traceback(scripts):
                  marks=pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="NCCL can run here")),
     ("rpc_primer.py", ["--run-dir", "a-file/runs"], "argument --run-dir: cannot create folder 'a-file/runs'"),
     ("rpc_latency.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
+    ("start_methods.py", ["--world-sizes", 2, 0], "--world-sizes: must be an integer >= 1 and <= 16, got 0"),
 ], ids=["world-size-0", "fail-rank-outside-world", "work-seconds-negative", "unknown-device", "init-method-not-a-url",
-        "nccl-without-gpus", "run-dir-not-creatable", "max-bytes-below-4"])
+        "nccl-without-gpus", "run-dir-not-creatable", "max-bytes-below-4", "start-world-size-0"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     (tmp_path / "a-file").write_text("")  # no folder can be made inside a file, on any system, even as root
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)
+
+
+def test_start_methods_times_both_methods_for_each_world_size_and_names_launchs_choice(scripts):
+    out = run(scripts, "start_methods.py", "--world-sizes", 1, 3).output
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
+    assert sorted((r[0], r[2]) for r in rows) == [("1", "fork"), ("1", "spawn"), ("3", "fork"), ("3", "spawn")], out
+    assert all(float(r[3]) > 0 and float(r[4]) >= float(r[3]) for r in rows), "ready comes before joined"
+    assert out.split("launch starts workers here with: ")[1].split()[0] in ("fork", "spawn")
 
 
 def test_a_refused_flag_is_exit_code_2_and_one_line_from_the_command_line(scripts, tmp_path):

@@ -5,9 +5,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
+from helpers.launch import running_children
 from helpers.processes import ListenerLog, own_listeners, py_spy_dumps, run_prefixed
 
 PY = sys.executable
@@ -27,7 +27,7 @@ def test_run_prefixed_ends_the_others_when_one_fails_and_leaves_no_process():
                         [None, None], ["[a]", "[b]"])
     assert code == 3 and time.monotonic() - start < 20
     time.sleep(0.5)
-    survivors = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    survivors = running_children()
     assert not survivors, survivors
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.launch import ScriptTimeout, run_script
+from helpers.launch import ScriptTimeout, run_script, running_children
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
 
@@ -44,7 +44,7 @@ def test_output_is_streamed_and_returned(tmp_path, capsys):
 def test_missing_script_is_refused_before_spawning(tmp_path):
     with pytest.raises(FileNotFoundError, match="no script at .*nope.py: run the cell that writes it first"):
         run_script(tmp_path / "nope.py")
-    assert not psutil.Process().children()
+    assert not running_children()
 
 
 def test_timeout_kills_every_process_of_the_run(tmp_path):

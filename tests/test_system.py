@@ -11,7 +11,7 @@ import torch.distributed.rpc
 
 import helpers
 import helpers.launch
-from helpers.launch import ScriptError, run_script, socket_ifnames
+from helpers.launch import ScriptError, run_script, running_children, socket_ifnames
 from helpers.system import Unsupported, check_platform, loopback_interface, require_rpc
 
 # psutil.net_if_addrs() gives {interface: [snicaddr(family, address, netmask, broadcast, ptp)]}
@@ -72,7 +72,7 @@ def test_no_loopback_is_refused_before_any_worker_starts(monkeypatch):
     monkeypatch.setattr(psutil, "net_if_addrs", lambda: NO_LOOPBACK)
     with pytest.raises(RuntimeError, match="no network interface holds 127.0.0.1"):
         helpers.launch.launch(_worker_never_runs, 2)
-    assert not psutil.Process().children()
+    assert not running_children()
 
 
 @pytest.fixture

@@ -1,0 +1,262 @@
+"""Start scripts from a process that has already imported torch (Linux, no GPU present).
+
+Every ``python script.py`` pays for importing torch (and, for DDP, ``torch._dynamo``) before its first line
+runs: seconds on a small CPU, on every run of every cell. :func:`start` hands the script instead to a *warm
+starter*: one server process per caller (the notebook's kernel, a test session) that imported those modules
+once and forks a child for each script. The child becomes what ``python -u script args`` would have been: its
+own OS session (so :func:`helpers.launch.kill_group` ends it and every worker it starts), the caller's working
+folder and environment, ``sys.argv``, stdin from ``/dev/null``, stdout and stderr into one pipe the caller
+reads, the script run as ``__main__``, and its exit code back to the caller.
+
+The warm path is taken only where it is the same as a fresh interpreter (:func:`usable`): on Linux, with no
+GPU device present (the CUDA runtime does not survive a fork), and with the same import-time environment
+(``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...) as the server started with. Anywhere else :func:`start` returns
+None and the caller starts a fresh interpreter, as before. The server holds no run's state, starts no thread,
+touches no GPU, ignores Ctrl-C (a child gets the default handlers back), and ends when its caller does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+# what a script would otherwise import first, at about a second each on 2 cores (dynamo: DDP's first use)
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.rpc", "torch.distributed.autograd",
+           "torch.distributed.optim", "torch.nn.parallel", "torch.multiprocessing", "torch._dynamo",
+           "numpy", "helpers", "helpers.launch", "helpers.flags", "helpers.metrics", "helpers.compare")
+# environment read while those modules load (or by the interpreter at start): a run that sets one of these
+# differently from the server gets a fresh interpreter
+IMPORT_TIME = re.compile(r"^(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|LD_|TORCH|PYTORCH_|CUDA_|NCCL_|HIP_|ROCM_)")
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+_lock = threading.Lock()
+_server: dict = {}  # pid -> the caller's server: {"proc", "path", "environment"}
+
+
+def import_time_environment(env) -> dict:
+    return {k: v for k, v in env.items() if IMPORT_TIME.match(k)}
+
+
+def usable(env=None) -> bool:
+    """True where a forked child is the same as a fresh ``python``: Linux, no GPU device present, and
+    ``COURSE_WARM`` not ``0`` in ``env`` (default: this process's environment)."""
+    env = os.environ if env is None else env
+    return sys.platform == "linux" and not any(os.path.exists(p) for p in GPU_DEVICES) \
+        and env.get("COURSE_WARM", "1") != "0"
+
+
+def server_pid() -> int | None:
+    """The pid of this process's warm starter, if one runs (tests leave it out of their process counts)."""
+    entry = _server.get(os.getpid())
+    return entry["proc"].pid if entry and entry["proc"].poll() is None else None
+
+
+def _ensure_server(env: dict) -> dict | None:
+    with _lock:
+        entry = _server.get(os.getpid())
+        if entry and entry["proc"].poll() is None:
+            return entry
+        folder = tempfile.mkdtemp(prefix="course-warm-")  # 0700: only this user can connect
+        path = os.path.join(folder, "socket")
+        proc = subprocess.Popen([sys.executable, "-m", "helpers.warm", path, str(os.getpid())],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True, text=True, env=env)
+        ready = proc.stdout.readline().strip()  # the server says "ready" once its imports are done
+        proc.stdout.close()
+        if ready != "ready":
+            proc.kill()
+            proc.wait()
+            return None
+        entry = {"proc": proc, "path": path, "environment": import_time_environment(env)}
+        _server[os.getpid()] = entry
+        return entry
+
+
+class WarmProcess:
+    """The part of :class:`subprocess.Popen` that :func:`helpers.launch.run_script` uses, for a forked script."""
+
+    def __init__(self, conn: socket.socket, pid: int, stdout):
+        self._conn, self.pid, self.stdout, self.returncode = conn, pid, stdout, None
+        self._buffer = b""
+
+    def _read(self, block: bool) -> None:
+        if self.returncode is not None:
+            return
+        self._conn.setblocking(block)
+        while self.returncode is None:
+            try:
+                data = self._conn.recv(64)
+            except BlockingIOError:
+                return
+            self._buffer += data
+            if b"\n" in self._buffer or not data:  # no data: the server went away without reporting the exit
+                line = self._buffer.split(b"\n")[0]
+                self.returncode = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+                self._conn.close()
+
+    def poll(self):
+        self._read(block=False)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self._read(block=True)
+        return self.returncode
+
+
+def start(argv: list[str], cwd, env: dict):
+    """Start ``python -u *argv`` (``argv[0]`` the script) from the warm starter; a :class:`WarmProcess` whose
+    ``stdout`` carries the script's stdout and stderr as text, or None where a fresh interpreter is needed."""
+    if not usable(env):
+        return None
+    entry = _ensure_server(env)
+    if entry is None or import_time_environment(env) != entry["environment"]:
+        return None
+    read, write = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(entry["path"])
+        request = json.dumps({"argv": [str(a) for a in argv], "cwd": os.path.abspath(cwd or "."), "env": env})
+        socket.send_fds(conn, [request.encode()], [write])
+        reply = b""
+        while not reply.endswith(b"\n"):
+            data = conn.recv(64)
+            if not data:
+                raise ConnectionError("the warm starter closed the connection")
+            reply += data
+    except OSError:
+        conn.close()
+        os.close(read)
+        return None
+    finally:
+        os.close(write)
+    stdout = open(read, encoding=None, errors="replace", newline=None)
+    return WarmProcess(conn, int(reply.split()[1]), stdout)
+
+
+# --- the server ---------------------------------------------------------------------------------------------
+
+
+def _serve(path: str, parent: int) -> int | None:
+    """Accept requests until the caller ``parent`` is gone. In a forked child, return the script's exit code."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal or a kernel interrupt is not for us
+    wake_r, wake_w = socket.socketpair()
+    wake_r.setblocking(False)
+    wake_w.setblocking(False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w.fileno())
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    running: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+    while os.getppid() == parent:
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is wake_r:
+                while True:
+                    try:
+                        if not wake_r.recv(512):
+                            break
+                    except BlockingIOError:
+                        break
+                continue
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+            request = json.loads(message)
+            pid = os.fork()
+            if pid == 0:  # the script's process: drop the server's state, keep only what the script needs
+                signal.set_wakeup_fd(-1)
+                for name in (signal.SIGINT, signal.SIGCHLD, signal.SIGTERM):
+                    signal.signal(name, signal.default_int_handler if name == signal.SIGINT else signal.SIG_DFL)
+                selector.close()
+                for s in (listener, wake_r, wake_w, conn, *running.values()):
+                    s.close()
+                return _become(request, fds[0])
+            os.close(fds[0])
+            conn.sendall(f"pid {pid}\n".encode())
+            running[pid] = conn
+        while running:  # report every child that has ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+    listener.close()
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    return None
+
+
+def _become(request: dict, out: int) -> int:
+    """Turn this forked child into ``python -u script args`` as the request describes; return its exit code."""
+    import io
+    import runpy
+    import traceback
+
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    import multiprocessing.process
+
+    multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # where a spawned worker finds a relative script path
+    # a fresh interpreter seeds PyTorch's and numpy's generators from the OS (Python's reseeds itself on fork)
+    sys.modules["torch"].seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    try:
+        runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 (what the interpreter would print, then its exit code)
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    code = _serve(sys.argv[1], int(sys.argv[2]))
+    if code is not None:  # in a script's process: leave as the interpreter would after the script's last line
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)

@@ -1,0 +1,105 @@
+"""The warm starter: a script forked from it behaves as ``python -u script args`` would, and it leaves nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from helpers import warm
+from helpers.launch import ScriptError, run_script, running_children
+
+pytestmark = pytest.mark.skipif(not warm.usable(), reason="the warm starter runs on Linux with no GPU present")
+
+PROBE = textwrap.dedent('''
+    import json, os, sys
+    import numpy, torch
+    from helpers.launch import launch, choose_start_method, pick_backend
+
+    def rank(worker, out):
+        import signal
+        with open(f"{out}/rank{worker.rank}.json", "w") as f:
+            json.dump({"seed": torch.initial_seed(), "numpy": int(numpy.random.randint(1 << 30)),
+                       "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}, f)
+
+    if __name__ == "__main__":
+        print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "file": __file__, "name": __name__,
+                          "env": os.environ.get("PROBE"), "stdin": sys.stdin.read(), "pid": os.getpid(),
+                          "ppid": os.getppid(), "session_leader": os.getsid(0) == os.getpid(),
+                          "seed": torch.initial_seed(), "numpy": int(numpy.random.randint(1 << 30)),
+                          "method": choose_start_method(pick_backend("auto", 2))}))
+        print("to stderr", file=sys.stderr)
+        launch(rank, 2, sys.argv[1])
+        code = int(sys.argv[2])
+        if code == 99:
+            raise KeyError("the probe fails on purpose")
+        sys.exit(code)
+''')
+
+
+def probe(tmp_path, code=0, env=None):
+    (tmp_path / "probe.py").write_text(PROBE)
+    out = tmp_path / f"out{time.monotonic_ns()}"
+    out.mkdir()
+    run = run_script("probe.py", out, code, cwd=tmp_path, env={"PROBE": "yes", **(env or {})}, echo=False,
+                     timeout=120)
+    seen = json.loads(run.output.splitlines()[0])
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    return run, seen, ranks
+
+
+def test_a_warm_script_is_what_python_would_have_run(tmp_path):
+    run, seen, ranks = probe(tmp_path)
+    assert seen["ppid"] == warm.server_pid(), "the script should have been forked by the warm starter"
+    assert seen["argv"][1:] == ["0"] and seen["cwd"] == str(tmp_path) and seen["name"] == "__main__"
+    assert seen["file"] == str(tmp_path / "probe.py") and seen["env"] == "yes" and seen["stdin"] == ""
+    assert seen["session_leader"], "run_script's kill_group needs the script to lead its own session"
+    assert "to stderr" in run.output, "stderr goes into the same stream as stdout"
+    assert seen["method"] == "fork" and len(ranks) == 2
+    assert all(r["sigterm_default"] for r in ranks), "a forked worker must die on SIGTERM as a spawned one does"
+
+
+def test_each_script_and_each_worker_gets_fresh_random_seeds(tmp_path):
+    _, first, first_ranks = probe(tmp_path)
+    _, second, second_ranks = probe(tmp_path)
+    seeds = [first["seed"], second["seed"], *(r["seed"] for r in first_ranks + second_ranks)]
+    draws = [first["numpy"], second["numpy"], *(r["numpy"] for r in first_ranks + second_ranks)]
+    assert len(set(seeds)) == len(seeds), f"torch seeds repeat across processes: {seeds}"
+    assert len(set(draws)) == len(draws), f"numpy draws repeat across processes: {draws}"
+
+
+def test_exit_codes_and_tracebacks_come_back(tmp_path):
+    with pytest.raises(ScriptError, match="probe.py failed with exit code 3"):
+        probe(tmp_path, code=3)
+    with pytest.raises(ScriptError, match=r"(?s)exit code 1.*KeyError: 'the probe fails on purpose'"):
+        probe(tmp_path, code=99)
+    assert not running_children()
+
+
+def test_another_import_time_environment_gets_a_fresh_interpreter(tmp_path):
+    probe(tmp_path)  # the warm starter runs
+    _, seen, _ = probe(tmp_path, env={"OMP_NUM_THREADS": "7" if os.environ.get("OMP_NUM_THREADS") != "7" else "6"})
+    assert seen["ppid"] == os.getpid(), "an OMP_NUM_THREADS the starter did not import with needs a fresh python"
+    _, seen, ranks = probe(tmp_path, env={"COURSE_WARM": "0"})
+    assert seen["ppid"] == os.getpid() and seen["method"] == "spawn" and len(ranks) == 2
+
+
+def test_the_starter_ends_with_its_caller(tmp_path):
+    (tmp_path / "noop.py").write_text("print('ran')\n")
+    caller = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom helpers import warm\nfrom helpers.launch import run_script\n"
+         "run_script(sys.argv[1], echo=False)\nprint(warm.server_pid(), flush=True)\ntime.sleep(60)",
+         str(tmp_path / "noop.py")], stdout=subprocess.PIPE, text=True)
+    server = int(caller.stdout.readline())
+    assert psutil.Process(server).ppid() == caller.pid
+    os.kill(caller.pid, signal.SIGKILL)
+    caller.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the warm starter outlived its caller"
+        time.sleep(0.1)
