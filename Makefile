@@ -1,7 +1,9 @@
 # The two commands of the README, and the targets they use.
 #   make course   install, then execute every notebook (full profile) into build/ and build the website,
 #                 build/site/ (open build/site/index.html; `python -m helpers.build --site-only` rebuilds it alone)
-#   make test     install, then run every test (quick profile, no download attempt), notebooks included
+#   make test     install, then run every test (quick profile, no download attempt), notebooks included, on two
+#                 pytest workers (one on a 1-core machine): the lessons hold their checks with another running
+#                 beside them; the notebooks, the longest items, are queued first
 #   make exercises  the learner's version of each lesson (solutions replaced by NotImplementedError), build/exercises/
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +17,7 @@ course: install
 
 test: install
 	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs COURSE_OFFLINE=1 \
-		$(PY) -m pytest tests notebooks --nbmake --nbmake-timeout=300 --durations=15
+		$(PY) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --durations=15
 
 exercises: install
 	$(PY) -m helpers.exercises --out build/exercises

@@ -113,12 +113,27 @@ class Progress:
             print("\r\x1b[K" + self.line(), end="", file=self.stream, flush=True)
 
 
+INSTALL_BLANK = 'COURSE_REPOSITORY = ""'
+
+
+def fill_repository(nb, repository: str | None) -> bool:
+    """Write ``repository`` into the install cell's blank ``COURSE_REPOSITORY = ""``, so that the published copy
+    clones it on Colab; True if it did. With no repository the blank stays, and the cell asks for one on Colab."""
+    for cell in nb.cells if repository else []:
+        if cell.cell_type == "code" and INSTALL_BLANK in cell.source:
+            cell.source = cell.source.replace(INSTALL_BLANK, f'COURSE_REPOSITORY = "{repository}"', 1)
+            return True
+    return False
+
+
 def execute(notebook: Path, out: Path, cell_timeout: int, machine: dict) -> tuple[bool, float, str]:
-    """Run ``notebook`` into ``out`` with its record (:func:`record`), showing progress; return (ok, seconds, error)."""
+    """Run ``notebook`` into ``out`` with its record (:func:`record`), showing progress; return (ok, seconds, error).
+    The executed copy's install cell names the course's repository where one is known (:func:`fill_repository`)."""
     import nbclient
     import nbformat
 
     nb = nbformat.read(notebook, as_version=4)
+    fill_repository(nb, course_repository())
     os.environ["COURSE_RUNS"] = str((out / "runs" / notebook.stem).resolve())
     progress = Progress(notebook.stem, sum(map(runs, nb.cells)))
     client = nbclient.NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",

@@ -332,3 +332,13 @@ def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
     assert (tmp_path / "scripts" / "ddp_mnist.py").read_text() == notebook_scripts("02_ddp.ipynb")["ddp_mnist.py"]
     write_lesson(tmp_path, "99_tiny.ipynb", LESSON[:4])
     assert write_lesson_scripts(tmp_path / "99_tiny.ipynb", tmp_path / "none") == []
+
+
+def test_the_install_cell_gets_the_repository_only_when_one_is_known():
+    from helpers.build import NOTEBOOKS, fill_repository
+
+    nb = nbformat.read(NOTEBOOKS / "00_orientation.ipynb", as_version=4)
+    assert not fill_repository(nb, None) and 'COURSE_REPOSITORY = ""' in nb.cells[1].source
+    assert fill_repository(nb, "https://github.com/OWNER/NAME")
+    install = next(c.source for c in nb.cells if c.cell_type == "code")
+    assert 'COURSE_REPOSITORY = "https://github.com/OWNER/NAME"' in install and 'REPOSITORY = ""' not in install

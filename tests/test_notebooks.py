@@ -25,6 +25,9 @@ def test_notebook_starts_with_the_colab_install_cell(path):
     cells = json.loads(path.read_text())["cells"]
     first_code = next("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert 'if "google.colab" in sys.modules:' in first_code and "pip install" in first_code
+    # no repository is written in: the learner (or build, from course_repository) fills COURSE_REPOSITORY
+    assert 'COURSE_REPOSITORY = ""' in first_code and "git clone -q {COURSE_REPOSITORY}" in first_code
+    assert "github.com" not in first_code.replace("https://github.com/OWNER/NAME", ""), first_code
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
