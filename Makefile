@@ -3,7 +3,7 @@
 #                 build/site/ (open build/site/index.html; `python -m helpers.build --site-only` rebuilds it alone)
 #   make test     install, then run every test (quick profile, no download attempt), notebooks included, on two
 #                 pytest workers (one on a 1-core machine): the lessons hold their checks with another running
-#                 beside them; the notebooks, the longest items, are queued first
+#                 beside them; tests/conftest.py gives each worker half the notebooks, the longest items, first
 #   make exercises  the learner's version of each lesson (solutions replaced by NotImplementedError), build/exercises/
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +17,7 @@ course: install
 
 test: install
 	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs COURSE_OFFLINE=1 \
-		$(PY) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --durations=15
+		$(PY) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --dist worksteal --durations=15
 
 exercises: install
 	$(PY) -m helpers.exercises --out build/exercises

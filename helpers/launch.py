@@ -65,6 +65,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 BACKENDS = ("auto", "gloo", "nccl")
+# what this process's environment said, as it started, about the variables a process reads at start
+_STARTED_WITH = warm.import_time_environment(os.environ, warm.PROCESS_START)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -320,11 +322,14 @@ def _check_spawnable(fn) -> None:
 def choose_start_method(placement: Placement, threads: int | None = 1) -> str:
     """How :func:`launch` starts workers: ``"fork"`` where that is the same as a fresh process and cheaper (the
     workers inherit this process's imported torch instead of importing it again): on Linux, with no GPU present
-    and the CPU placed, no other Python thread running here (a Jupyter kernel has several), and one thread per
+    and the CPU placed, no other Python thread running here (a Jupyter kernel has several), one thread per
     worker (GNU OpenMP's thread pool does not survive a fork: a forked worker that computes on several threads
-    after its parent did can wait forever). Everywhere else ``"spawn"``: a fresh interpreter per worker."""
+    after its parent did can wait forever), and the environment a process reads as it starts unchanged since
+    this one started (``MALLOC_ARENA_MAX`` set for the workers reaches a spawned worker, not a forked one).
+    Everywhere else ``"spawn"``: a fresh interpreter per worker."""
     if threads == 1 and placement.device_type == "cpu" and placement.gpus == 0 and warm.usable() \
-            and threading.active_count() == 1 and not torch.cuda.is_initialized():
+            and threading.active_count() == 1 and not torch.cuda.is_initialized() \
+            and warm.import_time_environment(os.environ, warm.PROCESS_START) == _STARTED_WITH:
         return "fork"
     return "spawn"
 

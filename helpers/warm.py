@@ -32,17 +32,20 @@ import threading
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.rpc", "torch.distributed.autograd",
            "torch.distributed.optim", "torch.nn.parallel", "torch.multiprocessing", "torch._dynamo",
            "numpy", "helpers", "helpers.launch", "helpers.flags", "helpers.metrics", "helpers.compare")
-# environment read while those modules load (or by the interpreter at start): a run that sets one of these
-# differently from the server gets a fresh interpreter
-IMPORT_TIME = re.compile(r"^(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|LD_|TORCH|PYTORCH_|CUDA_|NCCL_|HIP_|ROCM_)")
+# environment read while those modules load, or as a process starts (the interpreter's, the C library's
+# MALLOC_*): a run that sets one of these differently from the server gets a fresh interpreter
+IMPORT_TIME = re.compile(r"^(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|LD_|MALLOC_|GLIBC_TUNABLES|TORCH|PYTORCH_|CUDA_|"
+                         r"NCCL_|HIP_|ROCM_)")
+# the part of it a process reads only as it starts (the interpreter, the loader, glibc's malloc, OpenMP, BLAS)
+PROCESS_START = re.compile(r"^(PYTHON|LD_|MALLOC_|GLIBC_TUNABLES|OMP_|GOMP_|KMP_|MKL_|OPENBLAS_)")
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 _lock = threading.Lock()
 _server: dict = {}  # pid -> the caller's server: {"proc", "path", "environment"}
 
 
-def import_time_environment(env) -> dict:
-    return {k: v for k, v in env.items() if IMPORT_TIME.match(k)}
+def import_time_environment(env, pattern=IMPORT_TIME) -> dict:
+    return {k: v for k, v in env.items() if pattern.match(k)}
 
 
 def usable(env=None) -> bool:

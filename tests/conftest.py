@@ -17,6 +17,29 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Queue the notebooks, the longest items, in two equal shares at the heads of the two halves of the run.
+
+    ``make test`` runs two pytest workers that start on the two halves of this list (pytest-xdist's worksteal)
+    and take work from each other at the end: with every notebook in one half, one worker would run them all
+    while the other ran out of tests. A notebook's weight is its lesson's time budget.
+    """
+    from helpers.build import BUDGET_MINUTES
+
+    def weight(item):
+        return BUDGET_MINUTES.get(Path(str(item.fspath)).name[:2], 1)
+
+    notebooks = sorted((i for i in items if str(i.fspath).endswith(".ipynb")), key=weight, reverse=True)
+    rest = [i for i in items if not str(i.fspath).endswith(".ipynb")]
+    shares, loads = ([], []), [0, 0]
+    for item in notebooks:
+        lighter = loads.index(min(loads))
+        shares[lighter].append(item)
+        loads[lighter] += weight(item)
+    half = (len(items) + 1) // 2 - len(shares[0])
+    items[:] = shares[0] + rest[:half] + shares[1] + rest[half:]
+
+
 @pytest.fixture
 def lesson_scripts(tmp_path, monkeypatch):
     """Write a notebook's scripts into a fresh folder; returns ``write(notebook) -> {name: Path}``.

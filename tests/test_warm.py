@@ -103,3 +103,13 @@ def test_the_starter_ends_with_its_caller(tmp_path):
     while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the warm starter outlived its caller"
         time.sleep(0.1)
+
+
+def test_environment_a_process_reads_as_it_starts_set_for_the_workers_makes_them_spawned(tmp_path):
+    (tmp_path / "arenas.py").write_text(
+        "import os\nfrom helpers.launch import choose_start_method, pick_backend\n"
+        "before = choose_start_method(pick_backend('auto', 2))\nos.environ['MALLOC_ARENA_MAX'] = '1'\n"
+        "print(before, choose_start_method(pick_backend('auto', 2)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = run_script("arenas.py", cwd=tmp_path, env=env, echo=False).output.split()
+    assert out == ["fork", "spawn"], "glibc reads MALLOC_ARENA_MAX as a process starts: a fork would not see it"
