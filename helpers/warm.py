@@ -9,9 +9,10 @@ folder and environment, ``sys.argv``, stdin from ``/dev/null``, stdout and stder
 reads, the script run as ``__main__``, and its exit code back to the caller.
 
 The warm path is taken only where it is the same as a fresh interpreter (:func:`usable`): on Linux, with no
-GPU device present (the CUDA runtime does not survive a fork), and with the same import-time environment
-(``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...) as the server started with. Anywhere else :func:`start` returns
-None and the caller starts a fresh interpreter, as before. The server holds no run's state, starts no thread,
+GPU device present (the CUDA runtime does not survive a fork). The server imports under the request's
+import-time environment (``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...); a request with another one replaces it
+(or, while one of its scripts runs, gets a fresh interpreter). Where :func:`start` returns None the caller
+starts a fresh interpreter, as before. The server holds no run's state, starts no thread,
 touches no GPU, ignores Ctrl-C (a child gets the default handlers back), and ends when its caller does.
 """
 
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,10 +65,18 @@ def server_pid() -> int | None:
 
 
 def _ensure_server(env: dict) -> dict | None:
+    """This caller's starter for ``env``'s import-time environment: the running one, or a new one that replaces
+    it when it imported under another environment and runs no script (None while it runs one)."""
     with _lock:
         entry = _server.get(os.getpid())
         if entry and entry["proc"].poll() is None:
-            return entry
+            if entry["environment"] == import_time_environment(env):
+                return entry
+            if entry["running"]:
+                return None
+            entry["proc"].kill()
+            entry["proc"].wait()
+            shutil.rmtree(os.path.dirname(entry["path"]), ignore_errors=True)
         folder = tempfile.mkdtemp(prefix="course-warm-")  # 0700: only this user can connect
         path = os.path.join(folder, "socket")
         proc = subprocess.Popen([sys.executable, "-m", "helpers.warm", path, str(os.getpid())],
@@ -78,7 +88,7 @@ def _ensure_server(env: dict) -> dict | None:
             proc.kill()
             proc.wait()
             return None
-        entry = {"proc": proc, "path": path, "environment": import_time_environment(env)}
+        entry = {"proc": proc, "path": path, "environment": import_time_environment(env), "running": 0}
         _server[os.getpid()] = entry
         return entry
 
@@ -86,9 +96,9 @@ def _ensure_server(env: dict) -> dict | None:
 class WarmProcess:
     """The part of :class:`subprocess.Popen` that :func:`helpers.launch.run_script` uses, for a forked script."""
 
-    def __init__(self, conn: socket.socket, pid: int, stdout):
+    def __init__(self, conn: socket.socket, pid: int, stdout, entry: dict):
         self._conn, self.pid, self.stdout, self.returncode = conn, pid, stdout, None
-        self._buffer = b""
+        self._buffer, self._entry = b"", entry
 
     def _read(self, block: bool) -> None:
         if self.returncode is not None:
@@ -104,6 +114,8 @@ class WarmProcess:
                 line = self._buffer.split(b"\n")[0]
                 self.returncode = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
                 self._conn.close()
+                with _lock:
+                    self._entry["running"] -= 1
 
     def poll(self):
         self._read(block=False)
@@ -120,7 +132,7 @@ def start(argv: list[str], cwd, env: dict):
     if not usable(env):
         return None
     entry = _ensure_server(env)
-    if entry is None or import_time_environment(env) != entry["environment"]:
+    if entry is None:
         return None
     read, write = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,7 +153,9 @@ def start(argv: list[str], cwd, env: dict):
     finally:
         os.close(write)
     stdout = open(read, encoding=None, errors="replace", newline=None)
-    return WarmProcess(conn, int(reply.split()[1]), stdout)
+    with _lock:
+        entry["running"] += 1
+    return WarmProcess(conn, int(reply.split()[1]), stdout, entry)
 
 
 # --- the server ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ PROBE = textwrap.dedent('''
                           "env": os.environ.get("PROBE"), "stdin": sys.stdin.read(), "pid": os.getpid(),
                           "ppid": os.getppid(), "session_leader": os.getsid(0) == os.getpid(),
                           "seed": torch.initial_seed(), "numpy": int(numpy.random.randint(1 << 30)),
+                          "hash": hash("course"),
                           "method": choose_start_method(pick_backend("auto", 2))}))
         print("to stderr", file=sys.stderr)
         launch(rank, 2, sys.argv[1])
@@ -81,10 +82,15 @@ def test_exit_codes_and_tracebacks_come_back(tmp_path):
     assert not running_children()
 
 
-def test_another_import_time_environment_gets_a_fresh_interpreter(tmp_path):
-    probe(tmp_path)  # the warm starter runs
-    _, seen, _ = probe(tmp_path, env={"OMP_NUM_THREADS": "7" if os.environ.get("OMP_NUM_THREADS") != "7" else "6"})
-    assert seen["ppid"] == os.getpid(), "an OMP_NUM_THREADS the starter did not import with needs a fresh python"
+def test_another_import_time_environment_gets_a_starter_that_imported_under_it(tmp_path):
+    _, first, _ = probe(tmp_path)  # the warm starter runs
+    seed = "123" if os.environ.get("PYTHONHASHSEED") != "123" else "321"
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('course'))"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+    _, seen, _ = probe(tmp_path, env={"PYTHONHASHSEED": seed})
+    assert seen["hash"] == int(fresh), "Python reads PYTHONHASHSEED as it starts: the script must hash with it"
+    assert seen["ppid"] == warm.server_pid() != first["ppid"] and not psutil.pid_exists(first["ppid"]), \
+        "the starter should have been replaced by one that started with the new PYTHONHASHSEED"
     _, seen, ranks = probe(tmp_path, env={"COURSE_WARM": "0"})
     assert seen["ppid"] == os.getpid() and seen["method"] == "spawn" and len(ranks) == 2
 
