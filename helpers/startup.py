@@ -87,7 +87,8 @@ def time_scripts(world_size: int = 4, repeats: int = 1) -> dict:
     with tempfile.TemporaryDirectory(prefix="course-startup-") as folder:
         script = Path(folder, "one_step.py")
         script.write_text("import sys\nfrom helpers.startup import _worker\nfrom helpers.launch import launch\n"
-                          f"launch(_worker, {world_size}, sys.argv[1], True, device='cpu')\n")
+                          "if __name__ == '__main__':  # spawned workers import this file\n"
+                          f"    launch(_worker, {world_size}, sys.argv[1], True, device='cpu')\n")
         times = {"cold": [], "warm": []}
         for _ in range(repeats):
             for way, env in (("cold", {"COURSE_WARM": "0"}), ("warm", {})):

@@ -119,3 +119,10 @@ def test_environment_a_process_reads_as_it_starts_set_for_the_workers_makes_them
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     out = run_script("arenas.py", cwd=tmp_path, env=env, echo=False).output.split()
     assert out == ["fork", "spawn"], "glibc reads MALLOC_ARENA_MAX as a process starts: a fork would not see it"
+
+
+def test_the_benchmark_times_a_whole_run_cold_and_warm():
+    from helpers.startup import time_scripts
+
+    times = time_scripts(world_size=2)
+    assert set(times) == {"cold", "warm"} and all(t > 0 for t in times.values()), times
