@@ -348,9 +348,7 @@ def _spawned(rank, fn, args, plan, threads, method="spawn") -> None:
     ``fn``."""
     if method == "fork":  # start as a spawned worker would: default SIGTERM, fresh random states
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        torch.seed()  # a fresh process seeds PyTorch's generator from the OS; a fork would share its parent's
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed()
+        warm.fresh_seeds()
     _prepare_process(threads)
     os.environ.update(plan["ifnames"])  # gloo and TensorPipe on loopback for a local run (the user's choice kept)
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),

@@ -58,6 +58,14 @@ def usable(env=None) -> bool:
         and env.get("COURSE_WARM", "1") != "0"
 
 
+def fresh_seeds() -> None:
+    """Seed PyTorch's and numpy's global generators from the OS, as a fresh interpreter does; a forked process
+    would otherwise share its parent's (Python's own generator reseeds itself on fork)."""
+    sys.modules["torch"].seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
 def server_pid() -> int | None:
     """The pid of this process's warm starter, if one runs (tests leave it out of their process counts)."""
     entry = _server.get(os.getpid())
@@ -254,10 +262,7 @@ def _become(request: dict, out: int) -> int:
     import multiprocessing.process
 
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # where a spawned worker finds a relative script path
-    # a fresh interpreter seeds PyTorch's and numpy's generators from the OS (Python's reseeds itself on fork)
-    sys.modules["torch"].seed()
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
+    fresh_seeds()
     try:
         runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
         return 0
