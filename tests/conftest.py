@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import helpers.launch
 from helpers.build import write_lesson_scripts
+from helpers.exercises import check_script
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -61,6 +63,13 @@ def write_scripts(folder, *notebooks) -> dict[str, Path]:
     return {path.name: path for notebook in notebooks for path in write_lesson_scripts(notebook, folder)}
 
 
+def check_source(exercise: str, path: Path, source: str, *flags, timeout=180) -> str:
+    """Exercise ``exercise``'s check on ``source``, written to ``path`` first: its one-line verdict (a failed
+    check raises :class:`helpers.exercises.ExerciseFailed` with it)."""
+    path.write_text(source)
+    return check_script(exercise, path, *flags, timeout=timeout, echo=False)
+
+
 def run_in_this_process(script: Path, *flags, cwd=None, spawn=False) -> None:
     """Run a script's ``main()`` here, as ``python script flags`` would, without starting an interpreter.
 
@@ -70,6 +79,7 @@ def run_in_this_process(script: Path, *flags, cwd=None, spawn=False) -> None:
     def tripwire(*args, **kwargs):
         raise AssertionError(f"{script.name} {flags} got past its flag checks to launch()")
 
+    threads = torch.get_num_threads()  # a script may set its own (one thread, on purpose): not for later tests
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(script.parent))
         if cwd is not None:
@@ -77,7 +87,10 @@ def run_in_this_process(script: Path, *flags, cwd=None, spawn=False) -> None:
         patch.setattr(sys, "argv", [script.name, *map(str, flags)])
         if not spawn:
             patch.setattr(helpers.launch, "launch", tripwire)
-        runpy.run_path(str(script), run_name="__main__")
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        finally:
+            torch.set_num_threads(threads)
 
 
 def refusal(script: Path, *flags, cwd=None) -> str:

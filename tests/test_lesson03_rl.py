@@ -41,11 +41,7 @@ def run(scripts, folder, design, observers, *flags, seed=3, episodes=4, timeout=
     flags = [*world, "--episodes", episodes, "--seed", seed, "--run-dir", folder, *flags]
     if here:
         assert design == "single", "only the single process runs in the test process"
-        threads = torch.get_num_threads()
-        try:
-            run_in_this_process(scripts / script, *flags)
-        finally:
-            torch.set_num_threads(threads)  # rl_single_process.py sets one thread, on purpose
+        run_in_this_process(scripts / script, *flags)  # it restores this process's thread count
     else:
         run_script(scripts / script, *flags, echo=False, timeout=timeout)
     records = read_metrics(folder)
