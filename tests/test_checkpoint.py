@@ -1,11 +1,14 @@
 """helpers.checkpoint: a process killed in the middle of a save leaves a checkpoint that loads."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import torch
 
+from helpers import warm
 from helpers.checkpoint import save_atomically
 
 # Saves versions 1, 2, 3 ... of a 16 MB checkpoint to one path, announcing each save before and after.
@@ -20,6 +23,14 @@ for version in range(1, 10_000):
 """
 
 
+def start_saver(tmp_path, path):
+    """The saver as a script: forked from the warm starter where it can be (no torch import per trial)."""
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    return (warm.start([script, path], tmp_path, dict(os.environ))
+            or subprocess.Popen([sys.executable, "-u", script, path], stdout=subprocess.PIPE, text=True))
+
+
 def test_save_replaces_the_file_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "ckpt.pt"
     save_atomically({"step": 1}, path)
@@ -31,12 +42,12 @@ def test_save_replaces_the_file_and_leaves_no_temporary(tmp_path):
 def test_killed_in_the_middle_of_a_save_the_file_still_loads(tmp_path):
     path, mid_save = tmp_path / "ckpt.pt", 0
     for trial in range(6):
-        saver = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True)
+        saver = start_saver(tmp_path, path)
         lines = []
         while len(lines) < 2 * (trial + 2):  # let it get through a few saves, then kill it mid-way
             lines.append(saver.stdout.readline().split())
         time.sleep(0.002 * trial)
-        saver.kill()
+        os.kill(saver.pid, signal.SIGKILL)
         lines += [line.split() for line in saver.stdout.read().splitlines()]
         saver.wait()
         last_done = max(int(v) for what, v in lines if what == "saved")

@@ -47,7 +47,9 @@ def test_the_most_micro_batches_the_rpc_flag_accepts_run_to_the_end(scripts, tmp
     # the pool grows with the count, which the flag caps: its largest value runs, with uneven micro-batches too
     most = 64  # pipeline_rpc.MOST_MICRO_BATCHES
     run_script(scripts["pipeline_rpc.py"], "--image-size", 40, "--batch-size", most + 2, "--micro-batches", 3, most,
-               "--batches", 1, "--warmup", 0, "--idle", 0, "--run-dir", tmp_path, echo=False, timeout=180)
+               "--batches", 1, "--warmup", 0, "--idle", 0,
+               "--malloc-arenas", 0,  # the C library's default: MALLOC_ARENA_MAX unset, launch may fork the workers
+               "--run-dir", tmp_path, echo=False, timeout=180)
     records = [r for r in read_metrics(tmp_path) if "micro_batches" in r]
     assert [r["micro_batches"] for r in records] == [3, most]
     for r in records:
