@@ -66,7 +66,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 BACKENDS = ("auto", "gloo", "nccl")
 # what this process's environment said, as it started, about the variables a process reads at start
-_STARTED_WITH = warm.import_time_environment(os.environ, warm.PROCESS_START)
+_STARTED_WITH = warm.environment_read(os.environ, warm.PROCESS_START)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -260,7 +260,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     _check_spawnable(fn)
     placement = pick_backend(backend, world_size, device, share_gpus)
     method = start_method or choose_start_method(placement, threads)
-    if method == "fork" and (placement.device_type == "cuda" or threading.active_count() > 1 or threads != 1):
+    if method == "fork" and not _fork_safe(placement, threads):
         raise ValueError("start_method 'fork' is for a CPU run with one thread per worker, started from a "
                          "process with one thread: use 'spawn' or None")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -327,11 +327,15 @@ def choose_start_method(placement: Placement, threads: int | None = 1) -> str:
     after its parent did can wait forever), and the environment a process reads as it starts unchanged since
     this one started (``MALLOC_ARENA_MAX`` set for the workers reaches a spawned worker, not a forked one).
     Everywhere else ``"spawn"``: a fresh interpreter per worker."""
-    if threads == 1 and placement.device_type == "cpu" and placement.gpus == 0 and warm.usable() \
-            and threading.active_count() == 1 and not torch.cuda.is_initialized() \
-            and warm.import_time_environment(os.environ, warm.PROCESS_START) == _STARTED_WITH:
+    if _fork_safe(placement, threads) and placement.gpus == 0 and warm.usable() and not torch.cuda.is_initialized() \
+            and warm.environment_read(os.environ, warm.PROCESS_START) == _STARTED_WITH:
         return "fork"
     return "spawn"
+
+
+def _fork_safe(placement: Placement, threads: int | None) -> bool:
+    """What even a forced fork needs: CPU workers of one thread each, forked from a process with one thread."""
+    return threads == 1 and placement.device_type == "cpu" and threading.active_count() == 1
 
 
 def _prepare_process(threads: int | None) -> None:

@@ -46,7 +46,9 @@ _lock = threading.Lock()
 _server: dict = {}  # pid -> the caller's server: {"proc", "path", "environment"}
 
 
-def import_time_environment(env, pattern=IMPORT_TIME) -> dict:
+def environment_read(env, pattern=IMPORT_TIME) -> dict:
+    """The variables of ``env`` that a process reads at import time (``pattern`` IMPORT_TIME) or as it starts
+    (PROCESS_START)."""
     return {k: v for k, v in env.items() if pattern.match(k)}
 
 
@@ -78,7 +80,7 @@ def _ensure_server(env: dict) -> dict | None:
     with _lock:
         entry = _server.get(os.getpid())
         if entry and entry["proc"].poll() is None:
-            if entry["environment"] == import_time_environment(env):
+            if entry["environment"] == environment_read(env):
                 return entry
             if entry["running"]:
                 return None
@@ -96,7 +98,7 @@ def _ensure_server(env: dict) -> dict | None:
             proc.kill()
             proc.wait()
             return None
-        entry = {"proc": proc, "path": path, "environment": import_time_environment(env), "running": 0}
+        entry = {"proc": proc, "path": path, "environment": environment_read(env), "running": 0}
         _server[os.getpid()] = entry
         return entry
 

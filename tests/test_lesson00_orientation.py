@@ -9,9 +9,9 @@ import time
 
 import pytest
 import torch
-from conftest import refusal
+from conftest import check_source, refusal
 
-from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.launch import ScriptError, pick_backend, run_script
 from helpers.metrics import read_metrics
 
@@ -87,13 +87,12 @@ def test_latency_measures_every_size_and_a_round_trip_costs_more_than_a_copy(scr
 def test_exercise_00a_check_fails_on_the_stub_and_on_a_call_on_a_local_copy(scripts):
     path = scripts["remote_method_exercise.py"]
     source = path.read_text()
-    assert check_script("00a", path, timeout=120, echo=False).startswith("Exercise 00a: add(5), add(2)")
-    path.write_text(stub(source))
+    assert check_source("00a", path, source).startswith("Exercise 00a: add(5), add(2)")
     with pytest.raises(ExerciseFailed, match="^Exercise 00a: not written yet"):
-        check_script("00a", path, timeout=120, echo=False)
+        check_source("00a", path, stub(source))
     # to_here() on the caller: the method changes a copy, here, and the owner's Counter never moves
-    path.write_text(replace_solution(
+    local_copy = replace_solution(
         source, "00a", "return rpc.rpc_sync(rref.owner(), run_on_owner, args=(method, rref, *args), kwargs=kwargs)",
-        "return method(rref.to_here(), *args, **kwargs)"))
+        "return method(rref.to_here(), *args, **kwargs)")
     with pytest.raises(ExerciseFailed, match=r"^Exercise 00a: then add\(2\): expected 7, got 2$"):
-        check_script("00a", path, timeout=120, echo=False)
+        check_source("00a", path, local_copy)

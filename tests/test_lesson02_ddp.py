@@ -8,9 +8,9 @@ records for both thread settings, exercise 02a's check on its stub and on wrong 
 
 import pytest
 import torch
-from conftest import refusal, run_in_this_process
+from conftest import check_source, refusal, run_in_this_process
 
-from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
@@ -60,21 +60,20 @@ def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, fl
 def test_exercise_02a_check_fails_on_the_stub_a_missing_division_and_averaged_weights(scripts):
     path = scripts["ddp_by_hand.py"]
     source = path.read_text()
-    assert check_script("02a", path, timeout=120, echo=False).endswith("every gradient equals DDP's")
-    path.write_text(stub(source))
+    assert check_source("02a", path, source).endswith("every gradient equals DDP's")
     with pytest.raises(ExerciseFailed, match="^Exercise 02a: not written yet"):
-        check_script("02a", path, timeout=120, echo=False)
-    path.write_text(replace_solution(source, "02a", "        p.grad /= world_size\n", ""))  # the sum, not the mean
+        check_source("02a", path, stub(source))
+    summed = replace_solution(source, "02a", "        p.grad /= world_size\n", "")  # the sum, not the mean
     with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element \[\d+, \d+\]: "
                                              r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of 128 elements differ\)"):
-        check_script("02a", path, timeout=120, echo=False)
-    path.write_text(replace_solution(source, "02a", new="""
+        check_source("02a", path, summed)
+    averaged_weights = replace_solution(source, "02a", new="""
         for p in model.parameters():  # the weights averaged instead of the gradients
             dist.all_reduce(p.data)
             p.data /= world_size
-        """))
+        """)
     with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element"):
-        check_script("02a", path, timeout=120, echo=False)
+        check_source("02a", path, averaged_weights)
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["launch", "torchrun"])

@@ -9,9 +9,9 @@ not coverage. What is left: every script's flag checks, run in this process (no 
 """
 
 import pytest
-from conftest import refusal, write_scripts
+from conftest import check_source, refusal, write_scripts
 
-from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.exercises import ExerciseFailed, replace_solution, stub
 
 NOTEBOOK = "09_sharding.ipynb"
 
@@ -46,8 +46,7 @@ ZERO2 = ["--world-size", 2, "--steps", 2, "--dim", 32, "--hidden", 64, "--blocks
 def check_zero2(scripts, tmp_path, source):
     """Exercise 09a's check on `source` in place of zero2_train.py (2 ranks, 2 steps of a small model)."""
     path = scripts["zero2_train.py"].with_name("zero2_under_test.py")  # beside tinyformer.py
-    path.write_text(source)
-    return check_script("09a", path, *ZERO2, "--run-dir", tmp_path, timeout=180, echo=False)
+    return check_source("09a", path, source, *ZERO2, "--run-dir", tmp_path)
 
 
 def test_exercise_09a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):

@@ -13,9 +13,9 @@ giving the same numbers.
 import json
 
 import pytest
-from conftest import refusal, run_in_this_process, write_scripts
+from conftest import check_source, refusal, run_in_this_process, write_scripts
 
-from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.exercises import ExerciseFailed, replace_solution, stub
 
 NOTEBOOK = "10_one_step.ipynb"
 
@@ -68,8 +68,7 @@ ACCUMULATE = ["--world-size", 2, "--steps", 2, "--micro-steps", 2, "--batch-size
 def check_accumulate(scripts, tmp_path, source):
     """Exercise 10a's check on `source` in place of step_accumulate.py (2 ranks, 2 steps of 2 micro-batches)."""
     path = scripts["step_accumulate.py"].with_name("accumulate_under_test.py")  # beside step_model.py
-    path.write_text(source)
-    return check_script("10a", path, *ACCUMULATE, "--run-dir", tmp_path, timeout=180, echo=False)
+    return check_source("10a", path, source, *ACCUMULATE, "--run-dir", tmp_path)
 
 
 def test_exercise_10a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
