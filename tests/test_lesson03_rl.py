@@ -2,7 +2,7 @@
 
 The notebook's check cells already assert, on its own runs, the counts of every agent episode (RPCs = 2·steps
 naive and = steps batched on both sides, forward passes = steps naive and = the longest episode's steps batched
-and single, with 1 and 2 observers), that the three designs play the same episodes and end with the same
+and single, with 1, 2 and 3 observers), that the three designs play the same episodes and end with the same
 weights, and that no observer initialised CUDA (`check_run`, section 5's check). These tests cover what the
 notebook does not: the race over many episodes with 3 observers, reproducibility across processes and seeds,
 the step cost, the action sampler's last-ULP case, exercise 03a's check on its stub and on a wrong answer,
