@@ -87,12 +87,12 @@ def test_latency_measures_every_size_and_a_round_trip_costs_more_than_a_copy(scr
 def test_exercise_00a_check_fails_on_the_stub_and_on_a_call_on_a_local_copy(scripts):
     path = scripts["remote_method_exercise.py"]
     source = path.read_text()
-    assert check_source("00a", path, source).startswith("Exercise 00a: add(5), add(2)")
+    assert check_source("00a", path, source, timeout=120).startswith("Exercise 00a: add(5), add(2)")
     with pytest.raises(ExerciseFailed, match="^Exercise 00a: not written yet"):
-        check_source("00a", path, stub(source))
+        check_source("00a", path, stub(source), timeout=120)
     # to_here() on the caller: the method changes a copy, here, and the owner's Counter never moves
     local_copy = replace_solution(
         source, "00a", "return rpc.rpc_sync(rref.owner(), run_on_owner, args=(method, rref, *args), kwargs=kwargs)",
         "return method(rref.to_here(), *args, **kwargs)")
     with pytest.raises(ExerciseFailed, match=r"^Exercise 00a: then add\(2\): expected 7, got 2$"):
-        check_source("00a", path, local_copy)
+        check_source("00a", path, local_copy, timeout=120)

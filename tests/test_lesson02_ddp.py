@@ -60,20 +60,20 @@ def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, fl
 def test_exercise_02a_check_fails_on_the_stub_a_missing_division_and_averaged_weights(scripts):
     path = scripts["ddp_by_hand.py"]
     source = path.read_text()
-    assert check_source("02a", path, source).endswith("every gradient equals DDP's")
+    assert check_source("02a", path, source, timeout=120).endswith("every gradient equals DDP's")
     with pytest.raises(ExerciseFailed, match="^Exercise 02a: not written yet"):
-        check_source("02a", path, stub(source))
+        check_source("02a", path, stub(source), timeout=120)
     summed = replace_solution(source, "02a", "        p.grad /= world_size\n", "")  # the sum, not the mean
     with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element \[\d+, \d+\]: "
                                              r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of 128 elements differ\)"):
-        check_source("02a", path, summed)
+        check_source("02a", path, summed, timeout=120)
     averaged_weights = replace_solution(source, "02a", new="""
         for p in model.parameters():  # the weights averaged instead of the gradients
             dist.all_reduce(p.data)
             p.data /= world_size
         """)
     with pytest.raises(ExerciseFailed, match=r"^Exercise 02a: rank \d, parameter hidden\.weight, element"):
-        check_source("02a", path, averaged_weights)
+        check_source("02a", path, averaged_weights, timeout=120)
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["launch", "torchrun"])
