@@ -5,11 +5,10 @@ torch once), ``startup`` (what each way of starting a run costs: ``python -m hel
 ``rpc`` (RRef method calls), ``metrics`` (per-rank JSON lines), ``plots`` (the course's figures),
 ``data`` (MNIST, online or the shipped subset), ``flags`` (argparse types with domains),
 ``checkpoint`` (atomic saves), ``compare`` (differences between tensors), ``system`` (what differs
-between Linux, macOS and Windows), ``processes`` (torchrun agents, listening sockets, stack dumps),
-``measure`` (lesson 05's timeline, page faults and allocator arenas), ``meters`` (lesson 09's bytes
-per rank), ``anatomy`` (lesson 10's saved-activation bytes, collective log and profiler rows),
-``build`` (what ``make course`` runs). Importing changes no global state; it checks that the installed
-PyTorch is not older than :data:`TORCH_FLOOR` (:func:`check_torch`), and stops in one line if it is.
+between Linux, macOS and Windows), ``processes`` (launchers started together, output prefixed),
+``measure`` (time, memory, collectives and what a process spends: one module each), ``build`` (what
+``make course`` runs). Importing changes no global state; it checks that the installed PyTorch is not older
+than :data:`TORCH_FLOOR` (:func:`check_torch`), and stops in one line if it is.
 """
 
 import os

@@ -1,0 +1,147 @@
+"""What a process spends and opens: CPU seconds and page faults, glibc's malloc arenas, the TCP sockets a run
+listens on, a live process's Python stacks.
+
+    before = process_usage()             # {"cpu_seconds": ..., "page_faults": ... or None}
+    spent, now = usage_since(before)
+
+Page faults and glibc's malloc arenas exist only on Linux with glibc; listing another process's sockets
+(``psutil.net_connections``) needs root on macOS; ``py-spy dump`` needs the right to trace the process (root,
+or ``kernel.yama.ptrace_scope=0`` on Linux). Where they are not available these functions print one line
+saying what is skipped and why, and return ``None`` or do nothing, instead of failing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+_SAID = set()  # what this process has already said it skips: one line each
+
+
+def linux_glibc(what: str) -> bool:
+    """True on Linux with glibc; elsewhere print once "``what``: skipped, ..." and return False."""
+    libc = platform.libc_ver()[0]
+    if sys.platform.startswith("linux") and libc == "glibc":
+        return True
+    if what not in _SAID:
+        _SAID.add(what)
+        print(f"{what}: skipped, it needs Linux with glibc (this is {sys.platform}, C library "
+              f"{libc or 'unknown'})", flush=True)
+    return False
+
+
+def page_faults() -> int | None:
+    """Minor page faults of this process so far (Linux with glibc), else None after one printed line."""
+    if not linux_glibc("page faults"):
+        return None
+    import resource  # not on Windows
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def process_usage() -> dict:
+    """This process's CPU seconds (all its threads) and page faults so far: ``{"cpu_seconds", "page_faults"}``."""
+    return {"cpu_seconds": time.process_time(), "page_faults": page_faults()}
+
+
+def usage_since(before: dict) -> tuple[dict, dict]:
+    """``(what this process spent since before, now)``, both shaped as :func:`process_usage`; None stays None."""
+    now = process_usage()
+    spent = {key: None if now[key] is None or before[key] is None else now[key] - before[key] for key in now}
+    return spent, now
+
+
+def set_malloc_arenas(arenas: int) -> None:
+    """Make processes started from here use at most ``arenas`` glibc malloc arenas (0: glibc's default).
+
+    Sets ``MALLOC_ARENA_MAX``, which each new process's C library reads as it starts; on a system
+    without glibc it prints one line and does nothing.
+    """
+    if arenas and linux_glibc(f"MALLOC_ARENA_MAX={arenas}"):
+        os.environ["MALLOC_ARENA_MAX"] = str(arenas)
+
+
+ENVIRONMENT = ("RANK", "GROUP_RANK", "MASTER_PORT")  # what a torchrun worker's environment says about its place
+
+
+class ListenerLog:
+    """Records, every 0.1 s while in a ``with`` block, the listening TCP sockets of this process's children.
+
+    ``found`` maps (pid, port) to ``{"address", "cmdline", "env", "parent"}``: the socket's address, the
+    process's command line, its ``RANK``, ``GROUP_RANK`` and ``MASTER_PORT`` (``None`` where unset), and
+    its parent's command line. Where the system will not list sockets (macOS without root), ``available``
+    is False, ``found`` stays empty, and one line says so.
+    """
+
+    def __init__(self):
+        self.found, self.stop, self.available = {}, threading.Event(), True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self):
+        try:
+            psutil.net_connections("tcp")
+        except psutil.AccessDenied:
+            self.available = False
+            print("listening sockets not listed: psutil.net_connections needs root on this system (macOS)")
+        else:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        if self.available:
+            self.thread.join()
+
+    def _sample(self):
+        while not self.stop.is_set():
+            children = {p.pid: p for p in psutil.Process().children(recursive=True)}
+            for c in psutil.net_connections("tcp"):
+                if c.status == psutil.CONN_LISTEN and c.pid in children and (c.pid, c.laddr.port) not in self.found:
+                    try:
+                        p = children[c.pid]
+                        env = {k: p.environ().get(k) for k in ENVIRONMENT}
+                        self.found[c.pid, c.laddr.port] = {"address": c.laddr.ip, "cmdline": p.cmdline(), "env": env,
+                                                           "parent": p.parent().cmdline()}
+                    except psutil.Error:  # it ended in between
+                        pass
+            self.stop.wait(0.1)
+
+
+def own_listeners() -> list[tuple[str, int]] | None:
+    """(address, port) of every TCP socket this process listens on, sorted; ``None`` where not allowed."""
+    try:
+        return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp")
+                      if c.status == psutil.CONN_LISTEN)
+    except psutil.AccessDenied:
+        return None
+
+
+def py_spy_dumps(pids: dict) -> dict | None:
+    """``{key: text}``: ``py-spy dump`` of each process in ``{key: pid}``, its colour codes removed.
+
+    Returns ``None``, after printing one line why, where py-spy is not installed or may not attach (it
+    needs the right to trace another process: root or sudo, or ``kernel.yama.ptrace_scope=0`` on Linux).
+    """
+    exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if exe is None:
+        print("py-spy dump skipped: py-spy is not installed (pip install py-spy)")
+        return None
+    stacks = {}
+    for key, pid in pids.items():
+        result = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        stacks[key] = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+        if result.returncode or "Thread" not in stacks[key]:
+            reason = (stacks[key].strip().splitlines() or ["no output"])[-1]
+            print(f"py-spy dump skipped: it may not trace processes here ({reason}); run with sudo, or on Linux "
+                  f"set kernel.yama.ptrace_scope=0")
+            return None
+    return stacks

@@ -1,0 +1,59 @@
+"""helpers.measure.memory: bytes held (plain tensors, DTensor shards, optimizer state) and saved for backward."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.measure.memory import SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory
+
+
+def test_local_bytes_counts_storage_and_skips_none():
+    assert local_bytes([torch.zeros(10), None, torch.zeros(2, 3, dtype=torch.float64)]) == 10 * 4 + 6 * 8
+
+
+def test_peak_memory_is_none_off_the_gpu():
+    assert peak_memory(torch.device("cpu")) is None
+
+
+def test_saved_bytes_count_each_storage_once():
+    x = torch.randn(1000, requires_grad=True)
+    with SavedTensorBytes() as saved:
+        y = x.exp()  # exp saves its output
+        z = y * y  # mul saves both operands: the same storage as exp's output
+        w = x.sin()  # sin saves its input
+    (z.sum() + w.sum()).backward()  # the graph still works: the hooks gave every tensor back
+    assert saved.bytes == 2 * 4000 and saved.tensors == 4
+    assert torch.allclose(x.grad, 2 * x.exp() ** 2 + x.cos())
+
+
+def test_saved_bytes_leave_out_excluded_weights():
+    layer = nn.Linear(10, 20)
+    x = torch.randn(5, 10, requires_grad=True)
+    with SavedTensorBytes(exclude=layer.parameters()) as saved:
+        layer(x)
+    assert saved.bytes == x.nbytes  # the input, for the weight's gradient
+    assert saved.skipped_bytes == layer.weight.nbytes  # the weight, for the input's gradient, held anyway
+
+
+def test_held_and_optimizer_bytes_of_plain_tensors():
+    layer = nn.Linear(10, 20)
+    optimizer = torch.optim.Adam(layer.parameters())
+    layer(torch.randn(3, 10)).sum().backward()
+    optimizer.step()
+    params = list(layer.parameters())
+    assert local_bytes(params) == local_bytes(p.grad for p in params) == 4 * 220
+    assert local_bytes([None, params[0]]) == 4 * 200
+    assert optimizer_bytes(optimizer) == 2 * 4 * 220 + 2 * 4  # two moments and a float32 step per tensor
+
+
+def test_local_bytes_count_a_dtensor_by_its_local_shard():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        sharded = distribute_tensor(torch.zeros(8, 4), init_device_mesh("cpu", (4,)), [Shard(0)])
+        assert local_bytes([sharded]) == 2 * 4 * 4
+    finally:
+        dist.destroy_process_group()
