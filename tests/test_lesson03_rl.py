@@ -119,8 +119,8 @@ def test_exercise_03a_check_fails_on_the_stub_and_on_an_observer_that_never_send
     path.write_text(stub(source))
     with pytest.raises(ExerciseFailed, match="^Exercise 03a: not written yet"):
         check_script("03a", path, *flags, timeout=120, echo=False)
-    path.write_text(replace_solution(source, "03a", "args=(agent_rref, self.rank, state, reward))",
-                                     "args=(agent_rref, self.rank, state, None))"))
+    path.write_text(replace_solution(source, "03a", "args=(self.rank, state, reward))",
+                                     "args=(self.rank, state, None))"))
     with pytest.raises(ExerciseFailed, match=r"^Exercise 03a: agent episode 1: observer 1: the agent recorded 1 "
                                              r"rewards for \d+ actions$"):
         check_script("03a", path, *flags, timeout=120, echo=False)
