@@ -6,8 +6,8 @@ equal to one process with its all-reduces counted (exercise 10a: its check is sh
 failing here), bfloat16's bytes per collective and loss, one all-reduce
 per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
 bytes per rank to 64 ranks with the fake process group, and three refusals started from the command line.
-What is left: every script's flag checks, run in this process (no interpreter, no worker), and the same seed
-giving the same numbers.
+What is left: every script's flag checks, run in this process (no interpreter, no worker), the same seed
+giving the same numbers, and the reading of part 5's timeline where no GPU is: its kernels, made up.
 """
 
 import json
@@ -83,3 +83,51 @@ def test_exercise_10a_passes_the_solution_and_fails_the_stub_and_wrong_answers(s
     no_mean = replace_solution(source, "10a", "yi.flatten()) / k", "yi.flatten())")
     with pytest.raises(ExerciseFailed, match=r"rank \d weights element \[\d+\]: expected .*, got"):
         check_accumulate(scripts, tmp_path, no_mean)
+
+
+@pytest.fixture
+def overlap_reading(scripts, monkeypatch):
+    """step_overlap.py's lanes() and overlap(), which the notebook reads its timeline with."""
+    monkeypatch.syspath_prepend(str(scripts["step_overlap.py"].parent))
+    import step_overlap
+
+    return step_overlap.lanes, step_overlap.overlap
+
+
+def gpu_step(buckets):
+    """The rows of a made-up GPU step: forward, 8 backward kernels, then the optimizer. With one bucket its
+    all-reduce starts after the last backward kernel; with 4, one after every second kernel. gloo reduces on the
+    CPU (its rows are the CPU's); the device-side copies and the optimizer's kernel are not backward compute."""
+    rows = [dict(name="forward", start_ms=0, ms=2, device="cpu", thread=1),
+            dict(name="backward", start_ms=2, ms=20, device="cpu", thread=1),
+            dict(name="optimizer", start_ms=22, ms=2, device="cpu", thread=1),
+            dict(name="void sgd_kernel", start_ms=22.5, ms=1, device="cuda", thread=7)]
+    rows += [dict(name=f"void backward_kernel_{k}", start_ms=3 + 2 * k, ms=1, device="cuda", thread=7)
+             for k in range(8)]
+    ready = [18] if buckets == 1 else [5, 9, 13, 18]  # when each bucket's all-reduce was started
+    rows += [dict(name="gloo:all_reduce", start_ms=t, ms=3, device="cpu", thread=3) for t in ready]
+    rows += [dict(name="Memcpy DtoH (Device -> Pinned)", start_ms=t + 0.1, ms=0.5, device="cuda", thread=9)
+             for t in ready]
+    return rows
+
+
+def test_overlap_on_a_gpu_counts_backward_kernels_after_the_first_all_reduce(overlap_reading):
+    lanes, overlap = overlap_reading
+    for buckets, overlapped in ((1, 0), (4, 7)):  # kernels 1 to 7 start after the first of 4 all-reduces
+        phases, ops, comm = lanes(gpu_step(buckets))
+        assert sorted(phases) == ["backward", "forward", "optimizer"] and len(comm) == buckets
+        assert [o["name"] for o in ops] == [f"void backward_kernel_{k}" for k in range(8)], "kernels of backward only"
+        assert overlap(gpu_step(buckets)) == overlapped
+
+
+def test_overlap_on_the_cpu_reads_the_autograd_engines_thread(overlap_reading):
+    lanes, overlap = overlap_reading
+    rows = [dict(name="backward", start_ms=0, ms=10, device="cpu", thread=1),
+            dict(name="gloo:all_reduce", start_ms=4, ms=2, device="cpu", thread=3)]
+    rows += [dict(name="autograd::engine::evaluate_function: MmBackward0", start_ms=k, ms=1, device="cpu",
+                  thread=1) for k in range(0, 10, 2)]  # starts 0, 2, 4, 6, 8
+    rows += [dict(name="autograd::engine::evaluate_function: AddBackward0", start_ms=5, ms=1, device="cpu",
+                  thread=5)]  # an engine op on another thread: not the backward lane
+    _, ops, comm = lanes(rows)
+    assert {o["thread"] for o in ops} == {1} and len(ops) == 5 and len(comm) == 1
+    assert overlap(rows) == 3

@@ -51,15 +51,24 @@ def test_profiler_rows_are_sorted_and_filtered():
 
 
 
-def test_profiler_rows_leave_out_device_side_events():
-    """On a GPU a label appears twice (the CPU op and its device-side span) and kernels once, on the device:
-    the rows are the CPU's view, each label once."""
+
+def test_profiler_rows_keep_kernels_apart_and_drop_device_copies_of_cpu_labels():
+    """A GPU profile lists a label twice (the CPU op and its device-side span) and kernels once: the rows keep
+    the label once, from the CPU, and the kernels only when asked, each row saying where it ran."""
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
-    def event(name, device, start, end):
+    def event(name, device, start, end, thread=1):
         span = SimpleNamespace(start=start, end=end)
-        return SimpleNamespace(name=name, device_type=device, thread=1, time_range=span)
+        return SimpleNamespace(name=name, device_type=device, thread=thread, time_range=span)
 
-    prof = SimpleNamespace(events=lambda: [event("backward", cpu, 1000, 5000), event("backward", cuda, 2000, 9000),
-                                           event("void gemm_kernel<float>", cuda, 2000, 6000)])
-    assert profiler_rows(prof) == [{"name": "backward", "thread": 1, "start_ms": 0.0, "ms": 4.0}]
+    prof = SimpleNamespace(events=lambda: [
+        event("backward", cpu, 0, 5000), event("backward", cuda, 1000, 9000, thread=7),
+        event("gloo:all_reduce", cpu, 4000, 8000, thread=2), event("gloo:all_reduce", cuda, 4000, 8000, thread=7),
+        event("cudaLaunchKernel", cpu, 100, 200), event("void gemm_kernel<float>", cuda, 2000, 6000, thread=7)])
+    keep = lambda name: name in ("backward", "gloo:all_reduce")  # noqa: E731
+    rows = profiler_rows(prof, keep, kernels=True)
+    assert [(r["name"], r["device"]) for r in rows] == [
+        ("backward", "cpu"), ("void gemm_kernel<float>", "cuda"), ("gloo:all_reduce", "cpu")]
+    assert rows[1]["start_ms"] == 2.0 and rows[1]["ms"] == 4.0 and rows[1]["thread"] == 7
+    assert [(r["name"], r["device"]) for r in profiler_rows(prof, keep)] == [
+        ("backward", "cpu"), ("gloo:all_reduce", "cpu")], "without kernels=True: the CPU's rows only"

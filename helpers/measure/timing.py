@@ -98,20 +98,28 @@ class Timeline:
         return trace
 
 
-def profiler_rows(prof, keep=lambda name: True) -> list[dict]:
+def profiler_rows(prof, keep=lambda name: True, kernels: bool = False) -> list[dict]:
     """The events of a finished ``torch.profiler.profile`` whose name ``keep`` accepts, as plain rows.
 
-    Each row: ``{"name", "thread", "start_ms", "ms"}``, times in milliseconds from the first event kept;
-    sorted by start. Rows are JSON-serialisable, so a rank can write them with its metrics.
+    Each row: ``{"name", "thread", "start_ms", "ms", "device"}``, times in milliseconds from the first row,
+    ``device`` ``"cpu"`` or ``"cuda"``; sorted by start. Rows are JSON-serialisable, so a rank can write them
+    with its metrics.
 
-    Only CPU-side events are kept: the timeline is the CPU's view. On a GPU an operation's row is the time
-    the CPU spent issuing it; its kernel runs later, on the device's stream, and appears in no row (and a
-    label also has a device-side copy, which is left out).
+    A CPU row is the CPU's view: on a GPU an operation's CPU row is the time spent issuing it; its kernel runs
+    later, on the device. With ``kernels=True`` (and ``ProfilerActivity.CUDA`` in the profile) the device's
+    own work comes too, whatever its name: kernels and copies (``"Memcpy DtoH ..."``), ``thread`` being the
+    stream. The device-side copy of a CPU label (a ``record_function`` name, a collective's name: the profiler
+    lists it once on each side) is left out either way.
     """
-    events = [e for e in prof.events() if keep(e.name) and e.device_type == torch.autograd.DeviceType.CPU]
-    if not events:
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = prof.events()
+    chosen = [(e, "cpu") for e in events if e.device_type == cpu and keep(e.name)]
+    if kernels:
+        labels = {e.name for e in events if e.device_type == cpu}
+        chosen += [(e, "cuda") for e in events if e.device_type == cuda and e.name not in labels]
+    if not chosen:
         return []
-    t0 = min(e.time_range.start for e in events)
+    t0 = min(e.time_range.start for e, _ in chosen)
     rows = [{"name": e.name, "thread": e.thread, "start_ms": (e.time_range.start - t0) / 1000,
-             "ms": (e.time_range.end - e.time_range.start) / 1000} for e in events]
+             "ms": (e.time_range.end - e.time_range.start) / 1000, "device": device} for e, device in chosen]
     return sorted(rows, key=lambda r: r["start_ms"])
