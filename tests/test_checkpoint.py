@@ -11,15 +11,17 @@ import torch
 from helpers import warm
 from helpers.checkpoint import save_atomically
 
-# Saves versions 1, 2, 3 ... of a 16 MB checkpoint to one path, announcing each save before and after.
+# Saves versions 1, 2, 3 ... of a 16 MB checkpoint to one path, announcing each save before and after. Each
+# announcement is one write: with unbuffered output print() writes its pieces one by one, and a kill between
+# two of them would leave a line cut in half.
 SAVER = """
 import sys, torch
 from helpers.checkpoint import save_atomically
 path = sys.argv[1]
 for version in range(1, 10_000):
-    print("saving", version, flush=True)
+    sys.stdout.write(f"saving {version}\\n"); sys.stdout.flush()
     save_atomically({"version": version, "weights": torch.full((4_000_000,), float(version))}, path)
-    print("saved", version, flush=True)
+    sys.stdout.write(f"saved {version}\\n"); sys.stdout.flush()
 """
 
 
