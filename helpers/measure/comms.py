@@ -18,6 +18,7 @@ import functools
 import threading
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -77,8 +78,6 @@ class CollectiveLog(TorchDispatchMode):
             self.records.append(Collective(kind_, dtype, payload))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # DTensor runs the operation, and the mode sees the collectives it issues
         if func.namespace in NAMESPACES and not getattr(self._inside, "active", False):
