@@ -1,4 +1,5 @@
-"""Compare weights across ranks, runs and processes: the lessons' proofs end in these two calls."""
+"""Compare weights across ranks, runs and processes: the lessons' proofs end in these calls, and start with
+:func:`exact_math` where they run on a GPU."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ def max_diff(a, b) -> float:
     if a.shape != b.shape:
         raise ValueError(f"cannot compare {a.numel()} values with {b.numel()}")
     return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def exact_math(device) -> None:
+    """The course's rule for an equality proof on CUDA: plain float32 (no TF32 in matrix products or
+    convolutions) and deterministic cuDNN kernels, so two runs that do the same work give the same numbers.
+
+    A proof calls it in every process it compares, before its first computation. A CPU needs none of it, and
+    it changes nothing there.
+    """
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
