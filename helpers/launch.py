@@ -37,8 +37,8 @@ from helpers import warm
 from helpers.system import loopback_interface, require_rpc
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# the variables that tell gloo and TensorPipe which network interface to use
-SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+# the variables that tell gloo, TensorPipe and NCCL (its bootstrap and proxy sockets) which network interface to use
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 class WorkerError(RuntimeError):
@@ -94,7 +94,13 @@ class Placement:
         if self.device_type == "cuda":
             return (f"gloo, {self.ranks} ranks share {self.gpus} GPU{'s' if self.gpus > 1 else ''}: "
                     f"local rank r on cuda:(r mod {self.gpus}) (NCCL needs one GPU per rank)")
-        why = "no GPU here" if self.gpus == 0 else f"the CPU was asked for, {self.gpus} GPUs unused"
+        gpus = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
+        if self.gpus == 0:
+            why = "no GPU here"
+        elif self.asked == "cpu":
+            why = f"the CPU was asked for, {gpus} unused"
+        else:  # pick_backend's only other way to the CPU with GPUs present: share_gpus=False, fewer GPUs than ranks
+            why = f"{self.ranks} ranks, {gpus}: this script's ranks do not share a GPU, so they compute on the CPU"
         if self.gpus == 0 and self.mps:
             why = "no CUDA GPU here; this Mac's MPS GPU stays unused: gloo's collectives carry CPU tensors only"
         return f"gloo on the CPU ({why})"
@@ -213,7 +219,7 @@ def log(rank: int, *parts) -> None:
 
 
 def socket_ifnames(table: dict | None = None) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` and ``TP_SOCKET_IFNAME`` for a run that stays on this machine.
+    """``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for a run that stays on this machine.
 
     A value the user set is kept; the others name the loopback interface, which the operating system's
     interface table gives (``lo`` on Linux, ``lo0`` on macOS: see :func:`helpers.system.loopback_interface`,
@@ -236,7 +242,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
     Otherwise ``world_size`` processes are started on this machine, meeting
     through files in a fresh temporary folder (no TCP store, so nothing listens
-    on a non-loopback address; GLOO/TP_SOCKET_IFNAME name the loopback interface,
+    on a non-loopback address; GLOO/TP/NCCL_SOCKET_IFNAME name the loopback interface,
     see :func:`socket_ifnames`, unless the user set them or set ``MASTER_ADDR``
     to another address). ``threads`` limits each
     worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
@@ -354,7 +360,7 @@ def _spawned(rank, fn, args, plan, threads, method="spawn") -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         warm.fresh_seeds()
     _prepare_process(threads)
-    os.environ.update(plan["ifnames"])  # gloo and TensorPipe on loopback for a local run (the user's choice kept)
+    os.environ.update(plan["ifnames"])  # gloo, TensorPipe, NCCL on loopback for a local run (the user's choice kept)
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(plan["world_size"]))
     placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
@@ -378,7 +384,7 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     if world_size != started:
         raise ValueError(f"--world-size is {world_size} but torchrun started {started} workers")
     _prepare_process(threads)
-    if os.environ.get("MASTER_ADDR") in LOOPBACK:  # a one-machine torchrun run: keep gloo and TensorPipe there too
+    if os.environ.get("MASTER_ADDR") in LOOPBACK:  # a one-machine torchrun run: keep gloo, TensorPipe, NCCL there too
         os.environ.update(socket_ifnames())
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),

@@ -3,7 +3,8 @@
 The course runs on Linux and macOS, and on Windows through WSL2 (a Linux). Three things differ there:
 
 * the loopback interface is ``lo`` on Linux and ``lo0`` on macOS: :func:`loopback_interface` asks psutil's
-  interface table which one holds 127.0.0.1, for ``GLOO_SOCKET_IFNAME`` and ``TP_SOCKET_IFNAME``;
+  interface table which one holds 127.0.0.1, for ``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME`` and
+  ``NCCL_SOCKET_IFNAME``;
 * PyTorch's Windows builds have no ``torch.distributed.rpc`` (TensorPipe is not built for Windows), and
   the launcher needs POSIX process groups: :func:`check_platform` and :func:`require_rpc` stop there in
   one line that says to use WSL2;
@@ -51,7 +52,8 @@ def loopback_interface(table: dict | None = None) -> str:
             return name
     raise RuntimeError(
         f"no network interface holds 127.0.0.1 (interfaces: {', '.join(table) or 'none'}): "
-        "set GLOO_SOCKET_IFNAME and TP_SOCKET_IFNAME to the interface the workers should talk over")
+        "set GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the interface the workers should "
+        "talk over")
 
 
 def check_platform(platform: str | None = None) -> None:

@@ -75,8 +75,19 @@ def test_local_launch_listens_on_loopback_only(three_ranks):
 
 def test_workers_get_this_systems_loopback_interface_and_keep_the_users_choice(three_ranks):
     # the interface is found in the OS's table (lo on Linux, lo0 on macOS), never typed in
-    assert all(s["ifnames"] == {"GLOO_SOCKET_IFNAME": loopback_interface(), "TP_SOCKET_IFNAME": "the-users-choice"}
+    assert all(s["ifnames"] == {"GLOO_SOCKET_IFNAME": loopback_interface(), "TP_SOCKET_IFNAME": "the-users-choice",
+                                "NCCL_SOCKET_IFNAME": loopback_interface()}
                for s in three_ranks), [s["ifnames"] for s in three_ranks]
+
+
+def test_nccl_runs_get_nccl_socket_ifname_on_loopback(three_ranks, monkeypatch):
+    # NCCL's bootstrap and proxy sockets listen on its default interface, never lo, unless told: launch tells it
+    # for every local run, whatever the backend, so an NCCL run needs no GPU here to show the variable is set
+    assert all(s["ifnames"]["NCCL_SOCKET_IFNAME"] == loopback_interface() for s in three_ranks)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    from helpers.launch import socket_ifnames
+
+    assert socket_ifnames()["NCCL_SOCKET_IFNAME"] == loopback_interface(), "torchrun's ranks get it too"
 
 
 def test_worker_error_ends_run_with_traceback(tmp_path):
@@ -136,8 +147,20 @@ def test_same_script_runs_under_torchrun(tmp_path):
     run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, command=torchrun, echo=False, timeout=180)
     seen = ranks_seen(tmp_path)
     assert [s["sum"] for s in seen] == [1.0, 1.0] and all(s["threads"] == 1 for s in seen)
-    assert all(s["ifnames"]["GLOO_SOCKET_IFNAME"] in (os.environ.get("GLOO_SOCKET_IFNAME"), loopback_interface())
-               for s in seen), "a one-machine torchrun run stays on loopback too"
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        assert all(s["ifnames"][name] in (os.environ.get(name), loopback_interface()) for s in seen), \
+            f"a one-machine torchrun run stays on loopback too ({name})"
+
+
+@pytest.mark.skipif(not torch.distributed.is_nccl_available() or torch.cuda.device_count() < 2,
+                    reason="an NCCL run needs two GPUs")
+def test_an_nccl_run_listens_on_loopback_only(tmp_path):
+    run_script(SCRIPT, "--world-size", 2, "--backend", "nccl", "--out", tmp_path, echo=False, timeout=180,
+               env={"NCCL_SOCKET_IFNAME": ""})
+    seen = ranks_seen(tmp_path)
+    assert all(s["backend"] == "nccl" and s["ifnames"]["NCCL_SOCKET_IFNAME"] == loopback_interface() for s in seen)
+    addresses = {ip for s in seen for ip in s["listening"]}
+    assert addresses and addresses <= {"127.0.0.1", "::1"}, f"an NCCL rank listened off loopback: {addresses}"
 
 
 def _top_level_worker(worker):
@@ -183,6 +206,10 @@ def test_fewer_gpus_than_ranks_share_them_over_gloo():
 def test_code_that_cannot_share_a_gpu_falls_back_to_the_cpu():
     assert pick_backend("auto", 2, share_gpus=False, gpus=1).device_type == "cpu"
     assert pick_backend("auto", 1, share_gpus=False, gpus=1).device_type == "cuda"
+    # the path line gives the real reason: nobody asked for the CPU
+    assert str(pick_backend("auto", 2, share_gpus=False, gpus=1, mps=False)) == (
+        "gloo on the CPU (2 ranks, 1 GPU: this script's ranks do not share a GPU, so they compute on the CPU)")
+    assert "3 GPUs:" in str(pick_backend("auto", 4, share_gpus=False, gpus=3))
 
 
 def test_an_apple_gpu_is_never_picked_and_the_placement_says_so():
@@ -199,7 +226,9 @@ def test_no_gpu_or_cpu_asked_for_means_gloo_on_the_cpu():
            ("gloo", "gloo on the CPU (no GPU here)")
     asked = pick_backend("auto", 2, device="cpu", gpus=2)
     assert (asked.backend, asked.device_type, asked.device(1)) == ("gloo", "cpu", torch.device("cpu"))
-    assert "asked for" in str(asked)
+    assert str(asked) == "gloo on the CPU (the CPU was asked for, 2 GPUs unused)"
+    assert str(pick_backend("auto", 2, device="cpu", gpus=1, share_gpus=False)) == \
+        "gloo on the CPU (the CPU was asked for, 1 GPU unused)"
 
 
 @pytest.mark.parametrize("kwargs, message", [

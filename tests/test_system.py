@@ -45,10 +45,11 @@ def test_a_machine_without_one_gets_a_one_line_error():
 
 
 def test_launch_sets_the_interfaces_the_user_left_unset(monkeypatch):
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.delenv("TP_SOCKET_IFNAME", raising=False)
-    assert socket_ifnames(MACOS) == {"GLOO_SOCKET_IFNAME": "lo0", "TP_SOCKET_IFNAME": "lo0"}
-    assert socket_ifnames(LINUX) == {"GLOO_SOCKET_IFNAME": "lo", "TP_SOCKET_IFNAME": "lo"}
+    for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    for table, name in ((MACOS, "lo0"), (LINUX, "lo")):
+        assert socket_ifnames(table) == dict.fromkeys(("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"),
+                                                      name)
     with pytest.raises(RuntimeError, match="no network interface holds 127.0.0.1"):
         socket_ifnames(NO_LOOPBACK)
 
@@ -56,9 +57,12 @@ def test_launch_sets_the_interfaces_the_user_left_unset(monkeypatch):
 def test_a_users_own_gloo_socket_ifname_is_kept(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
     monkeypatch.delenv("TP_SOCKET_IFNAME", raising=False)
-    assert socket_ifnames(MACOS) == {"GLOO_SOCKET_IFNAME": "eth7", "TP_SOCKET_IFNAME": "lo0"}
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=eth7")
+    assert socket_ifnames(MACOS) == {"GLOO_SOCKET_IFNAME": "eth7", "TP_SOCKET_IFNAME": "lo0",
+                                     "NCCL_SOCKET_IFNAME": "=eth7"}
     monkeypatch.setenv("TP_SOCKET_IFNAME", "eth7")
-    assert socket_ifnames(NO_LOOPBACK) == {"GLOO_SOCKET_IFNAME": "eth7", "TP_SOCKET_IFNAME": "eth7"}, \
+    assert socket_ifnames(NO_LOOPBACK) == {"GLOO_SOCKET_IFNAME": "eth7", "TP_SOCKET_IFNAME": "eth7",
+                                           "NCCL_SOCKET_IFNAME": "=eth7"}, \
         "both chosen: no loopback is needed, so none missing is no error"
 
 
