@@ -156,7 +156,8 @@ class Worker:
     ``init_method`` is for ``dist.init_process_group``; ``rpc_init_method`` is a
     separate rendezvous for ``rpc.init_rpc`` so that a script may use both.
     ``device`` is where this rank computes; a rank that only serves RPCs never
-    needs to touch it (nothing here creates a CUDA context).
+    needs to touch it (nothing here creates a CUDA context). ``start_method`` says how this process started:
+    ``"fork"`` or ``"spawn"`` (by :func:`launch`), or ``"torchrun"``.
     """
 
     rank: int
@@ -167,6 +168,7 @@ class Worker:
     init_method: str
     rpc_init_method: str
     placement: Placement
+    start_method: str = "torchrun"
 
     def rpc_options(self, **kwargs) -> "torch.distributed.rpc.TensorPipeRpcBackendOptions":
         """TensorPipe options that rendezvous at ``rpc_init_method``; kwargs go to the options.
@@ -365,7 +367,7 @@ def _spawned(rank, fn, args, plan, threads, method="spawn") -> None:
                       WORLD_SIZE=str(plan["world_size"]))
     placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
     fn(Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
-              plan["init_method"], plan["rpc_init_method"], placement), *args)
+              plan["init_method"], plan["rpc_init_method"], placement, method), *args)
     _leave_now()
 
 
@@ -397,10 +399,12 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
 
 @dataclasses.dataclass
 class ScriptRun:
-    """What :func:`run_script` returns: the script's whole output and its wall time in seconds."""
+    """What :func:`run_script` returns: the script's whole output, its wall time in seconds, and whether it was
+    forked from :mod:`helpers.warm`'s starter (``warm``) rather than started as a fresh interpreter."""
 
     output: str = dataclasses.field(repr=False)
     seconds: float
+    warm: bool = False
 
 
 def run_script(script, *args, timeout: float = 600, env: dict | None = None,
@@ -425,6 +429,7 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     start = time.perf_counter()
     proc = None if command else warm.start(argv[2:], cwd, full_env)  # forked from a process with torch imported
+    warm_started = proc is not None
     if proc is None:
         proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -453,7 +458,7 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
     output = "".join(lines)
     if code != 0:
         raise ScriptError(_failure_message(path.name, code, output), output)
-    return ScriptRun(output, time.perf_counter() - start)
+    return ScriptRun(output, time.perf_counter() - start, warm_started)
 
 
 def running_children() -> list[psutil.Process]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers.warm
 from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script, running_children
 from helpers.system import loopback_interface
 
@@ -40,9 +41,16 @@ def three_ranks(tmp_path_factory):
 
     The user chose TP_SOCKET_IFNAME (unused by this gloo-only run) and left GLOO_SOCKET_IFNAME empty."""
     out = tmp_path_factory.mktemp("three_ranks")
-    run_script(SCRIPT, "--world-size", 3, "--out", out, echo=False, timeout=120,
-               env={"GLOO_SOCKET_IFNAME": "", "TP_SOCKET_IFNAME": "the-users-choice"})
-    return ranks_seen(out)
+    run = run_script(SCRIPT, "--world-size", 3, "--out", out, echo=False, timeout=120,
+                     env={"GLOO_SOCKET_IFNAME": "", "TP_SOCKET_IFNAME": "the-users-choice"})
+    return [dict(s, warm=run.warm) for s in ranks_seen(out)]
+
+
+def test_a_run_says_how_its_script_and_workers_started(three_ranks):
+    assert all(s["warm"] is helpers.warm.usable() for s in three_ranks), "forked from the starter where usable"
+    methods = {s["start_method"] for s in three_ranks}
+    # from the warm starter (one thread, no GPU) launch forks; from a fresh interpreter where a GPU is present, spawns
+    assert methods == ({"fork"} if helpers.warm.usable() else {"spawn"}), methods
 
 
 def test_workers_all_reduce_with_one_thread_each(three_ranks):
@@ -147,6 +155,7 @@ def test_same_script_runs_under_torchrun(tmp_path):
     run_script(SCRIPT, "--world-size", 2, "--out", tmp_path, command=torchrun, echo=False, timeout=180)
     seen = ranks_seen(tmp_path)
     assert [s["sum"] for s in seen] == [1.0, 1.0] and all(s["threads"] == 1 for s in seen)
+    assert {s["start_method"] for s in seen} == {"torchrun"}
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         assert all(s["ifnames"][name] in (os.environ.get(name), loopback_interface()) for s in seen), \
             f"a one-machine torchrun run stays on loopback too ({name})"

@@ -27,6 +27,7 @@ def run(worker, args):
     seen = dict(rank=worker.rank, sum=total.item(), threads=torch.get_num_threads(), pid=os.getpid(),
                 backend=worker.backend, device=str(worker.device), listening=listening, placement=str(worker.placement),
                 init_method=worker.init_method, ifnames={name: os.environ.get(name) for name in SOCKET_IFNAMES},
+                start_method=worker.start_method,
                 ddp_weight=ddp.module.weight.tolist(), ddp_grad=ddp.module.weight.grad.tolist())
     Path(args.out, f"rank{worker.rank}.json").write_text(json.dumps(seen))
     MetricsWriter(args.out, worker.rank).log(0, sum=total.item())
