@@ -31,7 +31,8 @@ def test_every_rank_says_hello_and_rank_0_names_the_path(scripts):
     out = run(scripts, "hello_ranks.py", "--world-size", 3).output
     hellos = [line for line in out.splitlines() if "hello on" in line]
     assert len(hellos) == 3 and all("sum of ranks = 3" in line for line in hellos), out
-    assert f"[rank 0] path: {pick_backend('auto', 3)}" in out, out
+    assert f"[rank 0] path: {pick_backend('auto', 3)}; workers started by " in out, out
+    assert out.split("workers started by ")[1].split()[0] in ("fork", "spawn"), "how launch started them"
 
 
 def test_failing_rank_ends_the_run_with_its_traceback(scripts):
@@ -66,6 +67,7 @@ def test_start_methods_times_both_methods_for_each_world_size_and_names_launchs_
     assert sorted((r[0], r[2]) for r in rows) == [("1", "fork"), ("1", "spawn"), ("3", "fork"), ("3", "spawn")], out
     assert all(float(r[3]) > 0 and float(r[4]) >= float(r[3]) for r in rows), "ready comes before joined"
     assert out.split("launch starts workers here with: ")[1].split()[0] in ("fork", "spawn")
+    assert f"path: {pick_backend('auto', 3, device='cpu')}" in out, "the path line of the CPU workers it times"
 
 
 def test_a_refused_flag_is_exit_code_2_and_one_line_from_the_command_line(scripts, tmp_path):
