@@ -4,25 +4,37 @@
 #   make test     install, then run every test (quick profile, no download attempt), notebooks included, on two
 #                 pytest workers (one on a 1-core machine): the lessons hold their checks with another running
 #                 beside them; tests/conftest.py gives each worker half the notebooks, the longest items, first
+#   make test-floor the same tests and lessons with the oldest PyTorch the course supports (constraints-floor.txt,
+#                 helpers.TORCH_FLOOR), installed into .venv-floor; .ci/run runs it after make test
 #   make exercises  the learner's version of each lesson (solutions replaced by NotImplementedError), build/exercises/
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+FLOOR_VENV  := .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-stamp
+# the packages whose pins constraints-floor.txt replaces: torch and what its wheel brings along
+TORCH_FAMILY := ^(torch|torchvision|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==
+# every test and every lesson in the quick profile, with the Python of the environment given as $(1)
+TESTS = COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/$(2) COURSE_OFFLINE=1 \
+		$(1) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --dist worksteal --durations=15
 
-.PHONY: course test exercises install lint clean
+.PHONY: course test test-floor exercises install install-floor lint clean
 
 course: install
 	COURSE_PROFILE=full $(PY) -m helpers.build --out build
 
 test: install
-	COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/test-runs COURSE_OFFLINE=1 \
-		$(PY) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --dist worksteal --durations=15
+	$(call TESTS,$(PY),test-runs)
+
+test-floor: install-floor
+	$(call TESTS,$(FLOOR_VENV)/bin/python,test-runs-floor)
 
 exercises: install
 	$(PY) -m helpers.exercises --out build/exercises
 
 install: $(STAMP)
+install-floor: $(FLOOR_STAMP)
 
 # Re-installs only when the pins or the package's declaration change.
 $(STAMP): constraints.txt pyproject.toml
@@ -34,6 +46,16 @@ $(STAMP): constraints.txt pyproject.toml
 	@# does, it skips files that do not compile for this Python (torch ships one for Python 3.12 only).
 	$(PY) -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
 	touch $(STAMP)
+
+# The same install with the floor's torch family: constraints.txt less those lines, plus constraints-floor.txt.
+$(FLOOR_STAMP): constraints.txt constraints-floor.txt pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	grep -vE '$(TORCH_FAMILY)' constraints.txt > $(FLOOR_VENV)/constraints.txt
+	grep -E '$(TORCH_FAMILY)' constraints-floor.txt >> $(FLOOR_VENV)/constraints.txt
+	@echo "Installing the floor's PyTorch and the other pins into $(FLOOR_VENV) ..."
+	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt --editable ".[test,site]"
+	$(FLOOR_VENV)/bin/python -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
+	touch $(FLOOR_STAMP)
 
 lint: install
 	$(PY) -m ruff check helpers tests notebooks data website

@@ -29,7 +29,8 @@ def test_plain_names_of_collective_ops():
 def test_collective_log_records_kind_dtype_and_full_size_bytes(one_rank_group):
     with CollectiveLog() as comm:
         dist.all_reduce(torch.ones(100))
-        dist.all_gather_single(torch.empty(16, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16))
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the first: torch 2.14
+        gather(torch.empty(16, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16))
         dist.broadcast(torch.ones(3), src=0)
     assert [(c.kind, c.dtype, c.bytes) for c in comm.records] == [
         ("all-reduce", "float32", 400), ("all-gather", "bfloat16", 32), ("broadcast", "float32", 12)]
