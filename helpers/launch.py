@@ -33,7 +33,8 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from helpers import warm
+from helpers import exercises, warm
+from helpers.exercises import exercise_timeout
 from helpers.system import loopback_interface, require_rpc
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -184,6 +185,9 @@ class Worker:
         from torch.distributed import rpc
 
         kwargs.setdefault("_transports", ["uv"])
+        short = exercise_timeout()  # an exercise run: a stalled RPC ends in seconds, with a verdict
+        if short is not None:
+            kwargs.setdefault("rpc_timeout", short.total_seconds())
         return rpc.TensorPipeRpcBackendOptions(init_method=self.rpc_init_method, **kwargs)
 
     def init_process_group(self, **kwargs) -> None:
@@ -196,6 +200,9 @@ class Worker:
             torch.cuda.set_device(self.device)
             if self.backend == "nccl":
                 kwargs.setdefault("device_id", self.device)
+        short = exercise_timeout()  # an exercise run: a deadlock ends in seconds with a verdict, not 30 minutes
+        if short is not None:
+            kwargs.setdefault("timeout", short)
         dist.init_process_group(**{"backend": self.backend, "init_method": self.init_method,
                                    "rank": self.rank, "world_size": self.world_size, **kwargs})
 
@@ -286,6 +293,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
     plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr,
                 ifnames=ifnames)
+    exercise, report = exercises.exercise_of_run(), {}  # a script holding an exercise: each failure, one line
+    if exercise:
+        plan["ifnames"] = {**ifnames, exercises.EXERCISE_ENV: exercise}  # set in each worker's environment
     import torch.multiprocessing as mp
 
     try:
@@ -295,6 +305,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
             context = mp.start_processes(_spawned, args=(fn, args, plan, threads, method), nprocs=world_size,
                                          start_method=method, join=False)
         try:
+            report = exercises.watch_ranks(context) if exercise else {}  # read before a failure ends the others
             while not context.join():
                 pass
         finally:  # a worker that raised left its traceback in a temporary file, which PyTorch keeps
@@ -302,13 +313,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
                 if os.path.exists(path):
                     os.remove(path)
     except mp.ProcessRaisedException as e:
-        raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}") from None
+        verdict = f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
+        raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}{verdict}") from None
     except mp.ProcessExitedException as e:
-        raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}") from None
+        verdict = f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
+        raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}{verdict}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if restore is not None:
             signal.signal(signal.SIGTERM, restore)
+
+
+def _script_folder() -> Path | None:
+    """The folder of the running script (where an exercise's files are), or None."""
+    return Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] and Path(sys.argv[0]).is_file() else None
 
 
 def _exit_on_sigterm(signum, frame):
