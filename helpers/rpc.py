@@ -12,6 +12,7 @@ none (its Windows builds), the import stops in one line that says to use WSL2 (s
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
@@ -21,6 +22,14 @@ from torch.distributed import rpc
 from helpers.system import require_rpc
 
 require_rpc()
+
+
+def check_transport(parser, transport: str) -> None:
+    """Refuse ``--transport shm`` off Linux in one line (``parser.error``): TensorPipe's shared-memory transport
+    exists on Linux only."""
+    if transport == "shm" and not sys.platform.startswith("linux"):
+        parser.error(f"--transport shm: TensorPipe has a shared-memory transport on Linux only, not on "
+                     f"{sys.platform}; use --transport uv")
 
 
 def call_method(method, rref, *args, **kwargs):

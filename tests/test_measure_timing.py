@@ -1,11 +1,12 @@
-"""helpers.measure.timing: phase laps, the micro-batch timeline, profiler rows (CPU, and kernels kept apart)."""
+"""helpers.measure.timing: phase laps, the micro-batch timeline, profiler rows (CPU, and kernels kept apart), and
+the action log of a pipeline schedule."""
 
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 
-from helpers.measure.timing import Laps, Timeline, clock, profiler_rows
+from helpers.measure.timing import ActionLog, Laps, Timeline, clock, profiler_rows
 
 
 def test_laps_add_up_each_phase_over_repeats():
@@ -72,3 +73,31 @@ def test_profiler_rows_keep_kernels_apart_and_drop_device_copies_of_cpu_labels()
     assert rows[1]["start_ms"] == 2.0 and rows[1]["ms"] == 4.0 and rows[1]["thread"] == 7
     assert [(r["name"], r["device"]) for r in profiler_rows(prof, keep)] == [
         ("backward", "cpu"), ("gloo:all_reduce", "cpu")], "without kernels=True: the CPU's rows only"
+
+
+def test_action_log_notes_every_f_i_and_w_of_a_zero_bubble_schedule_and_changes_no_gradient(tmp_path):
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, ScheduleZBVZeroBubble
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(str(tmp_path / "store"), 1))
+    try:
+        torch.manual_seed(0)
+        blocks = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)).double()
+        x, y = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64)
+        F.mse_loss(blocks(x), y).backward()
+        expected = [p.grad.clone() for p in blocks.parameters()]
+        blocks.zero_grad(set_to_none=True)
+        # one rank holding both stages of a V: stage 0 and stage 1 (the last), two micro-batches
+        cpu = torch.device("cpu")
+        stages = [PipelineStage(blocks[:2], 0, 2, cpu), PipelineStage(blocks[2:], 1, 2, cpu)]
+        schedule = ScheduleZBVZeroBubble(stages, n_microbatches=2, loss_fn=F.mse_loss)
+        log = ActionLog(stages)
+        schedule.step(x, target=y)
+        rows = log.take()
+    finally:
+        dist.destroy_process_group()
+    compute = sorted((s, a, k) for s, a, k, *_ in rows if a != "wait")
+    assert compute == sorted((s, a, k) for s in (0, 1) for a in "FIW" for k in (0, 1)), rows
+    assert all(start <= end for *_, start, end in rows) and log.take() == []
+    assert all(torch.allclose(p.grad, e) for p, e in zip(blocks.parameters(), expected, strict=True))

@@ -123,3 +123,77 @@ def profiler_rows(prof, keep=lambda name: True, kernels: bool = False) -> list[d
     rows = [{"name": e.name, "thread": e.thread, "start_ms": (e.time_range.start - t0) / 1000,
              "ms": (e.time_range.end - e.time_range.start) / 1000, "device": device} for e, device in chosen]
     return sorted(rows, key=lambda r: r["start_ms"])
+
+
+class ActionLog:
+    """When each action of a ``torch.distributed.pipelining`` schedule ran on this rank, in wall-clock seconds.
+
+        log = ActionLog(stages)      # the PipelineStage objects this rank holds
+        schedule.step(...)           # runs as before; each compute action is noted
+        log.take()                   # [(stage, action, micro-batch, start, end), ...], action "F" "B" "I" "W"
+                                     #  or "wait" (for a send or receive of activations or gradients)
+
+    F is a forward, B a full backward, I the backward to the input only, W the weight gradients it left for
+    later (the zero-bubble schedules). The stage's methods are wrapped on this instance, nothing else changes;
+    ``time.time()`` is shared by every process of a machine, so the ranks' rows lie on one axis. "wait" rows
+    (stage -1, micro-batch -1) time the schedule's waits for its sends and receives, where its module exposes them
+    (a private function of torch's; without it those waits stay in the idle time).
+    """
+
+    def __init__(self, stages):
+        self.rows = []
+        for stage in stages:
+            self._wrap(stage)
+        import torch.distributed.pipelining.schedules as schedules
+
+        wait = getattr(schedules, "_wait_batch_p2p", None)  # private: absent, the waits stay unlabelled idle time
+        if wait is not None and not hasattr(wait, "logs"):
+            wait = schedules._wait_batch_p2p = _timed_wait(wait)
+        if wait is not None:
+            wait.logs[:] = [self]  # the newest log of this process takes the waits
+
+    def _timed(self, stage, action, k, fn, *args, **kwargs):
+        start = time.time()
+        out = fn(*args, **kwargs)
+        self.rows.append((stage, action, k, start, time.time()))
+        return out
+
+    def _wrap(self, stage):
+        i = stage.stage_index
+        forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+        stage.forward_one_chunk = lambda k, *a, **kw: self._timed(i, "F", k, forward, k, *a, **kw)
+        stage.backward_one_chunk = lambda k, *a, full_backward=True, **kw: self._timed(
+            i, "B" if full_backward else "I", k, backward, k, *a, full_backward=full_backward, **kw)
+        stage.backward_weight_one_chunk = lambda k, *a, **kw: self._timed(i, "W", k, weight, k, *a, **kw)
+
+    def take(self) -> list[tuple[int, str, int, float, float]]:
+        """The rows since the last call, in the order they ended; starts a new list."""
+        rows, self.rows = self.rows, []
+        return rows
+
+
+def message_seconds(tensor: torch.Tensor, rank: int, peer: int, trips: int = 20) -> float:
+    """The time one message of ``tensor`` takes between this rank and ``peer`` (both call it): half the median
+    round trip of ``trips`` send/recv pairs on the default process group. Rank ``min(rank, peer)`` sends first."""
+    import torch.distributed as dist
+
+    seconds = []
+    for _ in range(trips):
+        start = time.perf_counter()
+        for sender in sorted((rank, peer)):
+            dist.send(tensor, peer) if rank == sender else dist.recv(tensor, peer)
+        seconds.append((time.perf_counter() - start) / 2)
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def _timed_wait(wait):
+    """``wait`` (the schedules' wait for their sends and receives), noting each wait in the current ActionLog."""
+    def timed(work, *args, **kwargs):
+        start = time.time()
+        out = wait(work, *args, **kwargs)
+        for log in timed.logs:
+            log.rows.append((-1, "wait", -1, start, time.time()))
+        return out
+
+    timed.logs = []
+    return timed
