@@ -5,7 +5,8 @@ a step and how activations grow, checkpointing's saved bytes and equal gradients
 equal to one process with its all-reduces counted (exercise 10a: its check is shown
 failing here), bfloat16's bytes per collective and loss, one all-reduce
 per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
-bytes per rank to 64 ranks with the fake process group, and three refusals started from the command line.
+bytes per rank to 64 ranks with the fake process group, the compiled DDP step (one graph per bucket, equal
+to eager, its two failures) and compiled FSDP2, and three refusals started from the command line.
 What is left: every script's flag checks, run in this process (no interpreter, no worker), the same seed
 giving the same numbers, and the reading of part 5's timeline where no GPU is: its kernels, made up.
 """
@@ -41,9 +42,13 @@ def scripts(tmp_path_factory):
     ("step_compress.py", ["--hooks", "powersgd1", "--bucket-mb", 0.1], "PowerSGD here needs the whole model"),
     ("step_compress.py", ["--steps", 4], "--steps: must be an integer >= 5"),
     ("step_fake_world.py", ["--world-sizes", 0], "--world-sizes: must be an integer >= 1"),
+    ("step_compile.py", ["--bucket-mb", "default", 0], "--bucket-mb: must be a finite number > 0"),
+    ("step_compile.py", ["--steps", 2], "--steps: must be an integer >= 3"),
+    ("step_compile_fsdp.py", ["--world-size", 2, "--batch-size", 3],
+     "--batch-size 3 must be a multiple of --world-size 2"),
 ], ids=["anatomy-heads", "anatomy-batch", "checkpoint-repeats", "accumulate-batch", "accumulate-world",
         "precision-mode", "precision-batch", "overlap-bucket", "overlap-batch", "compress-powersgd-bucket",
-        "compress-steps", "fake-world-size"])
+        "compress-steps", "fake-world-size", "compile-bucket", "compile-steps", "compile-fsdp-batch"])
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
     """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
     folder = scripts[script].parent  # where a default --run-dir is made as the flags are read
