@@ -1,23 +1,26 @@
 """Lesson 11 (experts over all-to-all, attention over a ring): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the
-mixture-of-experts layer equal to one process (outputs and gradients) with its rows counted and the tokens a
-capacity drops, the load of its router trained on MNIST without and with a load-balancing loss, the
-all-gather attention and its gradients, the ring causal and not with its control, the balance of contiguous
-against zig-zag chunks, the K/V bytes per rank, and context_parallel() refusing the CPU.
-What is left: both exercise checks failing on their stubs and on plausible wrong answers (in this process),
-every script's flag checks (no worker started), a dispatch in which a rank receives nothing, and the
-load-balancing loss's two ends (1 for an even load, E when one expert takes every token).
+mixture-of-experts layer equal to one process (outputs and the gradients of tokens, router and experts) with
+its rows counted and the tokens a capacity drops, the load of its router trained on MNIST without balancing,
+with a load-balancing loss and with an expert bias, the all-gather attention and its gradients, the ring
+forward and backward with its two controls, the balance of contiguous against zig-zag chunks, the bytes alive
+per rank, Ulysses, the bytes each exchange carries, the context-parallel training step with its controls, and
+context_parallel()'s default and its refusal of the CPU.
+What is left: the three exercise checks failing on their stubs and on plausible wrong answers, every script's
+flag checks (no worker started), a dispatch in which a rank receives nothing, a dispatch whose backward does
+not swap its splits failing, the expert bias moving the choice and not the weights, and the load-balancing
+loss's values (1 for any even load, below 1 possible, towards E without reaching it).
 """
 
 import json
 
 import pytest
 import torch
-from conftest import NOTEBOOKS, refusal, write_scripts
+from conftest import NOTEBOOKS, check_source, refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
-from helpers.launch import run_script
+from helpers.launch import ScriptError, run_script
 
 NOTEBOOK = "11_experts_context.ipynb"
 
@@ -92,8 +95,13 @@ def test_exercise_11b_check_fails_on_the_stub_and_on_merges_without_the_log_sum_
     ("context_ring.py", ["--layouts", "diagonal"], "invalid choice: 'diagonal'"),
     ("context_allgather.py", ["--world-size", 3, "--seq", 16], "--seq 16 must be a multiple of 3"),
     ("context_cp_cpu.py", ["--world-size", 3], "--seq 16 must be a multiple of --world-size 3"),
+    ("context_ulysses.py", ["--world-size", 4, "--heads", 6], "--heads 6 must be a multiple of --world-size 4"),
+    ("context_costs.py", ["--world-size", 3], "must be multiples of --world-size 3"),
+    ("context_train.py", ["--world-size", 3, "--seq", 16], "--seq 16 must be a multiple of 6"),
+    ("experts_balance.py", ["--bias-rate", 0], "--bias-rate: must be a finite number > 0, got 0"),
 ], ids=["moe-experts", "moe-top-k", "moe-capacity", "balance-experts", "balance-batch", "balance-weight",
-        "ring-seq", "ring-layout", "allgather-seq", "cp-seq"])
+        "ring-seq", "ring-layout", "allgather-seq", "cp-seq", "ulysses-heads", "costs-world", "train-seq",
+        "balance-bias-rate"])
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
     """The flag checks, run in this process: a refusal exits with 2 before launch() is reached."""
     assert message in refusal(scripts[script], *flags, cwd=scripts[script].parent)
@@ -118,13 +126,69 @@ def balance_loss(scripts, monkeypatch):
     return balance_loss
 
 
-def test_balance_loss_is_one_for_an_even_load_and_the_expert_count_when_one_expert_takes_all(balance_loss):
+def test_balance_loss_is_one_for_any_even_load_and_can_dip_below_one(balance_loss):
     even = torch.eye(4).repeat(8, 1)  # 32 tokens, 8 sure of each expert
-    collapsed = torch.zeros(32, 4).index_fill(1, torch.tensor([2]), 1.0)  # every token sure of expert 2
+    unsure = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.5, 0.2, 0.2], [0.2, 0.2, 0.35, 0.25], [0.3, 0.1, 0.2, 0.4]])
     assert balance_loss(even).item() == pytest.approx(1.0)
-    assert balance_loss(collapsed).item() == pytest.approx(4.0)
+    assert balance_loss(unsure.repeat(8, 1)).item() == pytest.approx(1.0)  # even choices, any probabilities
+    # E = 2, uneven: two tokens barely choose expert 0, one is sure of expert 1
+    leaning = torch.tensor([[0.51, 0.49], [0.51, 0.49], [0.01, 0.99]])
+    value = balance_loss(leaning).item()
+    assert value == pytest.approx(2 * (2 / 3 * 1.03 / 3 + 1 / 3 * 1.97 / 3)) and value < 1
 
 
+def test_balance_loss_nears_the_expert_count_without_reaching_it_as_one_expert_takes_all(balance_loss):
+    values = []
+    for margin in (1.0, 4.0, 16.0):  # every token prefers expert 2, more and more surely
+        logits = torch.zeros(32, 4, dtype=torch.float64).index_fill(1, torch.tensor([2]), margin)
+        values.append(balance_loss(logits.softmax(1)).item())
+    assert values == sorted(values) and values[-1] < 4 and values[-1] == pytest.approx(4, abs=1e-5), values
+
+
+def test_expert_bias_moves_the_choice_and_not_the_weights(scripts, monkeypatch):
+    monkeypatch.syspath_prepend(str(scripts["experts_moe.py"].parent))
+    from experts_moe import route
+
+    router = torch.nn.Linear(8, 4, bias=False)
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    probs = router(x).softmax(-1)
+    bias = torch.tensor([0.0, 0.0, 5.0, 0.0])  # far larger than any probability: every token picks expert 2
+    weights, experts = route(router, x, 1, bias)
+    assert (experts == 2).all()
+    assert torch.equal(weights[:, 0], probs[:, 2]), "the weight is expert 2's probability, not probability + bias"
+
+
+def test_dispatch_whose_backward_keeps_the_forward_splits_fails(scripts, tmp_path):
+    """The gradients must take the trip back: a backward that reuses the forward's splits breaks the run."""
+    path = scripts["experts_moe.py"]
+    swapped = "dist.all_to_all_single(back, grad.contiguous(), send, receive)"
+    assert swapped in path.read_text()
+    wrong = path.with_name("experts_moe_wrong_backward.py")
+    wrong.write_text(path.read_text().replace(swapped, "dist.all_to_all_single(back, grad.contiguous(), receive, "
+                                                       "send)"))
+    with pytest.raises(ScriptError, match="Split sizes"):
+        run_script(wrong, "--world-size", 2, "--top-k", 1, "--run-dir", tmp_path, cwd=path.parent, timeout=120,
+                   echo=False)
+
+
+def test_exercise_11c_check_fails_on_the_stub_on_unswapped_axes_and_without_the_second_all_to_all(scripts, tmp_path):
+    solution = scripts["context_ulysses.py"].read_text()
+    path = scripts["context_ulysses.py"].with_name("ulysses_attempt.py")  # beside context_blocks.py
+    flags = ("--world-size", 2, "--run-dir", tmp_path)
+    assert "equal full attention" in check_source("11c", path, solution, *flags, timeout=120)
+    with pytest.raises(ExerciseFailed, match="^Exercise 11c: not written yet"):
+        check_source("11c", path, stub(solution), *flags, timeout=120)
+    # the heads and sequence axes left unswapped: a source rank taken for a head
+    mixed = replace_solution(solution, "11c", "arrived.transpose(0, 1).reshape(heads // world,",
+                             "arrived.reshape(heads // world,")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 11c: rank \d, full, output element \[\d+, \d+, \d+\]: "
+                                             r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of \d+ elements differ\)$"):
+        check_source("11c", path, mixed, *flags, timeout=120)
+    # the second all-to-all missing: the rank's own heads, cut into chunks, taken for every head of its chunk
+    one_way = replace_solution(solution, "11c", "exchange(t.reshape(heads, world, seq // world, dim).transpose(0, 1))",
+                               "t.reshape(heads, world, seq // world, dim).transpose(0, 1)")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 11c: rank \d, full, output element"):
+        check_source("11c", path, one_way, *flags, timeout=120)
 def test_balance_loss_gradient_lowers_the_busiest_experts_probability(balance_loss):
     logits = torch.randn(32, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
     probs = logits.softmax(1)
