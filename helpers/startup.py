@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from helpers import warm
 from helpers.launch import launch, run_script
 
 METHODS = ("spawn", "fork")
@@ -110,7 +111,8 @@ def main() -> None:
     scripts = time_scripts(n, args.repeats)
     print(f"run_script of a {n}-worker script with one DDP step: fresh interpreter, spawned workers "
           f"{scripts['cold']:.2f} s; warm starter, forked workers {scripts['warm']:.2f} s "
-          f"({scripts['warm'] / scripts['cold']:.0%})")
+          f"({scripts['warm'] / scripts['cold']:.0%})"
+          + ("" if warm.usable() else ": no warm starter here (a GPU, or not Linux), so both ran the same cold path"))
 
 
 if __name__ == "__main__":
