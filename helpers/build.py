@@ -292,17 +292,41 @@ def fold_solutions(nb) -> list[str]:
             found = [e for e, _ in exercises(cell.source)]
             ids += found
             cell.metadata.setdefault("tags", []).append("hide-input")
-            cell.metadata["mystnb"] = {"code_prompt_show": f"Show the solution of exercise {', '.join(found)}",
-                                       "code_prompt_hide": "Hide the solution"}
+            script = WRITEFILE.match(cell.source)
+            shown = (f"Show the whole script {Path(script.group(1)).name}, with the solution of exercise "
+                     if script else "Show the solution of exercise ")
+            cell.metadata["mystnb"] = {"code_prompt_show": shown + ", ".join(found),
+                                       "code_prompt_hide": "Hide the script" if script else "Hide the solution"}
     return ids
+
+
+def tidy_outputs(nb) -> None:
+    """On a page, one box per stream of a cell (a run prints line by line, and each line was an output of its
+    own) and one verdict per check (a check cell's value repeats the verdict line it printed: not shown)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        merged = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream" \
+                    and merged[-1].get("name") == output.get("name"):
+                merged[-1]["text"] = "".join(merged[-1]["text"]) + "".join(output["text"])
+                continue
+            verdict = "".join(output.get("data", {}).get("text/plain", "")) if output.get("output_type") == \
+                "execute_result" else ""
+            if is_check(cell) and re.fullmatch(r"""(['"])Exercise \d\d[a-z]: .*\1""", verdict.strip(), re.S):
+                continue
+            merged.append(output)
+        cell["outputs"] = merged
 
 
 def exercises_markdown(name: str, ids: list[str]) -> str:
     """The line that offers a lesson's learner version (``_exercises/<name>``) for download."""
     return (f"**Exercises** {', '.join(ids)}: each solution below is folded, with its check's verdict after it. "
             f"To write them yourself, {{download}}`download the exercise version of this lesson <_exercises/{name}>` "
-            "(every solution replaced by a `NotImplementedError`), put it in the course's `notebooks/` folder, "
-            "and run it.")
+            "(every solution replaced by a `NotImplementedError`), save it in a folder of the course outside "
+            "`notebooks/` (`make test` runs every notebook there), such as `build/exercises/`, and run it there: each "
+            "check prints its verdict and the run goes on, and its last cell lists your exercises, passed or not.")
 
 
 def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
@@ -318,6 +342,7 @@ def lesson_source(nb, name: str, src: Path) -> tuple[str, str]:
         heading, _, rest = nb.cells[0].source.partition("\n")
         nb.cells[0].source, title = heading, heading[2:].strip()
     ids = fold_solutions(nb)
+    tidy_outputs(nb)
     offer = [exercises_markdown(name, ids)] if ids and (src / "_exercises" / name).is_file() else []
     nb.cells[1:1] = [nbformat.v4.new_markdown_cell(m) for m in [record_markdown(nb.metadata["course"]), *offer]] + (
         [nbformat.v4.new_markdown_cell(rest.strip())] if rest.strip() else [])

@@ -51,10 +51,17 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TITLE = re.compile(r"^[ \t]*# Exercise (\d\d[a-z]): (.+)$", re.M)
 REGION = re.compile(r"^([ \t]*)" + re.escape(BEGIN) + r"[ \t]*\n(.*?)^[ \t]*" + re.escape(END) + r"[ \t]*(?:\n|\Z)",
                     re.M | re.S)
-LEARNER_NOTE = ("**This is the exercise version of the lesson.** Each exercise cell raises `NotImplementedError` "
-                "until you write its code where it says so; the check cell after it then tells you, in one line, "
-                "whether your code is right. Every other cell runs as it is. The reference solutions are in the "
-                "course's own `notebooks/` folder.")
+LEARNER_NOTE = ("**This is the exercise version of the lesson.** Each exercise's code is replaced by a line that "
+                "raises `NotImplementedError` naming the exercise: write your code there. The check cell after it "
+                "tells you in one line whether your code is right, and never stops the run: no cell raises because "
+                "an exercise is not written or wrong, so Run All goes to the end, where the last cell lists the "
+                "exercises, passed or not. A cell that uses your code checks it first and leaves it out, in one "
+                "line, when it is wrong. Keep this file outside the course's `notebooks/` folder (`make test` runs "
+                "every notebook there), for instance in `build/exercises/`, where `make exercises` writes it. The "
+                "reference solutions are in `notebooks/`.")
+KEEP_GOING = ("# The exercise version: each check prints its verdict, right or wrong, and the run goes on to the last\n"
+              "# cell, which lists the exercises (the course's own lessons stop at a wrong answer instead).\n"
+              "from helpers.exercises import keep_going\n\nkeep_going()")
 
 
 class ExerciseFailed(AssertionError):
@@ -364,7 +371,8 @@ def died_line(exercise: str, rank: int, exit_code: int, output: str = "") -> str
     if "nbytes" in last or "length" in last:
         hint = (" Hint: a recv into a tensor smaller than the message sent (gloo aborts); sender and receiver must "
                 "agree on each message's size, also when N does not divide the tensor")
-    return f"Exercise {exercise}: rank {rank} died ({name}exit code {exit_code}){last}.{hint}".replace("..", ".")
+    end = "" if last[-1:] in ".?!" else "."
+    return f"Exercise {exercise}: rank {rank} died ({name}exit code {exit_code}){last}{end}{hint}"
 
 
 CONSEQUENCE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe", re.I)
@@ -573,20 +581,32 @@ def check_script(exercise: str, script, *args, timeout: float = 300, **kwargs) -
     the line says where each rank waited), a rank's crash or abort, the script not finishing within ``timeout``.
     Keyword arguments go to :func:`helpers.launch.run_script`.
     """
+    passed, line = _run_check(exercise, script, args, timeout, kwargs)
+    return _passed(exercise, line) if passed else _failed(line)
+
+
+def failure_of(exercise: str, script, *args, timeout: float = 300, **kwargs) -> str | None:
+    """What :func:`check_script` would say is wrong, or None when the check passes; it prints nothing and counts
+    for no summary. For a cell that uses the learner's code: check it first, cheaply, and leave it out if wrong."""
+    passed, line = _run_check(exercise, script, args, timeout, {"echo": False, **kwargs})
+    return None if passed else line
+
+
+def _run_check(exercise: str, script, args, timeout: float, kwargs: dict) -> tuple[bool, str]:
     from helpers.launch import ScriptError, ScriptTimeout, run_script
 
     env = {**(kwargs.pop("env", None) or {}), EXERCISE_ENV: exercise}
     try:
         run = run_script(script, *args, timeout=timeout, env=env, **kwargs)
     except ScriptTimeout:
-        return _failed(f"Exercise {exercise}: did not finish within {timeout:g} s and was stopped (no rank timed "
+        return False, (f"Exercise {exercise}: did not finish within {timeout:g} s and was stopped (no rank timed "
                        "out in a torch.distributed call: a loop that never ends, or a wait outside them)")
     except ScriptError as e:
-        return _failed(_script_failure(exercise, str(e), e.output))
+        return False, _script_failure(exercise, str(e), e.output)
     lines = [line for line in run.output.splitlines() if f"Exercise {exercise}: " in line]
     if not lines:
-        return _failed(f"Exercise {exercise}: the script ended without a verdict")
-    return _passed(exercise, lines[-1][lines[-1].index(f"Exercise {exercise}: "):])
+        return False, f"Exercise {exercise}: the script ended without a verdict"
+    return True, lines[-1][lines[-1].index(f"Exercise {exercise}: "):]
 
 
 def _script_failure(exercise: str, message: str, output: str) -> str:
@@ -611,18 +631,30 @@ def _script_failure(exercise: str, message: str, output: str) -> str:
 def learner_notebook(path: Path) -> dict | None:
     """The learner's version of the lesson at ``path`` as notebook JSON, or None when it has no exercise."""
     nb = json.loads(Path(path).read_text())
-    changed = False
+    ids = []
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and BEGIN in source:
+            ids += [e for e, _ in exercises(source)]
             cell["source"] = stub(source).splitlines(keepends=True)
-            changed = True
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
-    if not changed:
+    if not ids:
         return None
-    nb["cells"].insert(1, {"cell_type": "markdown", "metadata": {}, "source": [LEARNER_NOTE],
-                           **({"id": "exercise-version"} if "id" in nb["cells"][0] else {})})
+    with_id = "id" in nb["cells"][0]
+
+    def new_cell(kind, source, name):
+        made = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True),
+                **({"id": name} if with_id else {})}
+        return made if kind == "markdown" else {**made, "execution_count": None, "outputs": []}
+
+    colab = next((i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+                  and "google.colab" in "".join(c["source"])), 0)  # helpers import only after the Colab cell
+    nb["cells"].insert(colab + 1, new_cell("code", KEEP_GOING, "exercise-keep-going"))
+    nb["cells"].insert(1, new_cell("markdown", LEARNER_NOTE, "exercise-version"))
+    nb["cells"].append(new_cell("markdown", "## Your exercises", "exercise-summary-title"))
+    nb["cells"].append(new_cell("code", f"from helpers.exercises import summary\n\nsummary({ids!r});",
+                            "exercise-summary"))
     return nb
 
 

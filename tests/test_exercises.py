@@ -11,6 +11,7 @@ import torch
 from helpers.exercises import (
     BEGIN,
     END,
+    KEEP_GOING,
     ExerciseFailed,
     check,
     check_script,
@@ -149,8 +150,29 @@ def test_learner_notebooks_are_written_for_lessons_with_exercises_only(tmp_path)
     cells = json.loads(written[0].read_text())["cells"]
     assert "exercise version" in "".join(cells[1]["source"])
     code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-    assert code == [stub(CELL), "assert total([2]) == 2"]
+    assert code == [KEEP_GOING, stub(CELL), "assert total([2]) == 2",
+                    "from helpers.exercises import summary\n\nsummary(['99a']);"]
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in cells if c["cell_type"] == "code")
+
+
+def test_a_learner_version_runs_to_its_end_and_lists_its_exercises(tmp_path):
+    """Executed as Run All does (nbclient, stopping at the first error): the unwritten exercise's check prints its
+    verdict without stopping the run, and the last cell's table says which exercise failed."""
+    import nbclient
+    import nbformat
+
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    check_cell = 'from helpers.exercises import check\n\ncheck("99a", lambda: None if total([1, 2]) == 3 else "wrong")'
+    (lessons / "99_sum.ipynb").write_text(json.dumps(_notebook(CELL.replace("print(total([1, 2, 3]))", ""),
+                                                               check_cell, "print('the last lesson cell')")))
+    nb = nbformat.read(write_learner_notebooks(tmp_path / "out", lessons)[0], as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False).execute()
+    printed = ["".join(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert printed[-3:] == ["Exercise 99a: not written yet (its cell still raises NotImplementedError)\n",
+                            "the last lesson cell\n",
+                            "exercise  result   verdict\n99a       failed   Exercise 99a: not written yet (its cell "
+                            "still raises NotImplementedError)\n0 of 1 passed\n"], printed
 
 
 # --- every way an exercise fails ends in one line starting with its id (issue 42) -----------------------------

@@ -1,16 +1,22 @@
-"""Lesson 01 (collectives): the exercise checks fail where they should, the timing runs without the ring, and the
-scripts refuse bad flags.
+"""Lesson 01 (collectives): the exercise checks fail where they should, in one line each, the timing runs without
+the ring, and the scripts refuse bad flags.
 
 The notebook's own run passes the reference solutions through their checks on 4 ranks; here each check meets the
-stub and the mistakes a learner makes, on 2 or 3 ranks, and must fail with a message that points at the mistake.
+stub and the mistakes a learner makes, on 2 or 3 ranks, and must fail with one line that points at the mistake:
+a wrong sum, the bytes, where a rank sent, a deadlock (where each rank waits), a rank's abort.
 """
+
+import re
+import time
 
 import pytest
 from conftest import refusal
 
-from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
+from helpers.exercises import ExerciseFailed, check_script, failure_of, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
+
+SHORT = {"COURSE_EXERCISE_TIMEOUT": "10"}  # a rank of an exercise run waits 10 s in one call here (30 by default)
 
 NOTEBOOK = "01_collectives.ipynb"
 RING_REDUCE_SCATTER = "out, into = (rank - step) % world, (rank - step - 1) % world"
@@ -27,9 +33,13 @@ def scripts(lesson_scripts):
     return lesson_scripts(NOTEBOOK)
 
 
-def check_ring(script, tmp_path, world=2):
-    return check_script("01a", script, "--design", "ring", "--world-size", world, "--numel", 4 * world,
-                        "--run-dir", tmp_path / "ring", timeout=120, echo=False)
+def check_ring(scripts, tmp_path, world=2):
+    start = time.perf_counter()
+    try:
+        return check_script("01a", scripts["allreduce_by_hand.py"], "--design", "ring", "--world-size", world,
+                            "--numel", 4 * world, "--run-dir", tmp_path / "ring", timeout=120, echo=False, env=SHORT)
+    finally:  # printed, not asserted: the machine is shared
+        print(f"01a check: {time.perf_counter() - start:.1f} s")
 
 
 def rewrite(path, source):
@@ -38,10 +48,10 @@ def rewrite(path, source):
 
 
 def test_ring_check_fails_on_the_stub(scripts, tmp_path):
-    path = scripts["allreduce_by_hand.py"]
+    path = scripts["allreduce_ring.py"]
     rewrite(path, stub(path.read_text()))
     with pytest.raises(ExerciseFailed, match="^Exercise 01a: not written yet"):
-        check_ring(path, tmp_path)
+        check_ring(scripts, tmp_path)
 
 
 @pytest.mark.parametrize("old, new", [
@@ -49,39 +59,173 @@ def test_ring_check_fails_on_the_stub(scripts, tmp_path):
     (RING_ALL_GATHER, ""),  # the all-gather phase left out: each rank holds one finished chunk only
 ], ids=["off-by-one-chunk", "no-all-gather-phase"])
 def test_ring_check_names_the_rank_and_element_of_a_wrong_sum(scripts, tmp_path, old, new):
-    path = scripts["allreduce_by_hand.py"]
+    path = scripts["allreduce_ring.py"]
     rewrite(path, replace_solution(path.read_text(), "01a", old, new))
     with pytest.raises(ExerciseFailed, match=r"^Exercise 01a: rank \d \(8 elements\) element \[\d+\]: "
                                              r"expected -?\d+, got -?\d+ \(\d+ of 8 elements differ\)$"):
-        check_ring(path, tmp_path)
+        check_ring(scripts, tmp_path)
 
 
 def test_ring_check_counts_the_bytes_of_an_answer_that_skips_the_ring(scripts, tmp_path):
-    path = scripts["allreduce_by_hand.py"]
+    path = scripts["allreduce_ring.py"]
     rewrite(path, replace_solution(path.read_text(), "01a", new="dist.all_reduce(x, group=group)"))
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 01a: rank \d sent 0 bytes in 0 messages, expected 64 "
-                                             r"\(send with p2p.send or p2p.isend"):
-        check_ring(path, tmp_path)
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 01a: rank \d sent too few bytes: 0 in 0 messages, "
+                                             r"expected 64 \(send with p2p.send or p2p.isend"):
+        check_ring(scripts, tmp_path)
+
+
+def test_ring_check_says_too_many_bytes(scripts, tmp_path):
+    """Each step sends the whole tensor instead of one chunk (and the receiver takes it whole, adding its chunk)."""
+    path = scripts["allreduce_ring.py"]
+    source = replace_solution(path.read_text(), "01a", new="""
+        for step in range(2 * (world - 1)):  # the ring's steps, but each sends the whole tensor
+            request = p2p.isend(x, right, group)
+            p2p.recv(torch.empty_like(x), left, group)
+            request.wait()
+        dist.all_reduce(x, group=group)""")
+    rewrite(path, source)
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 01a: rank \d sent too many bytes: 128 in 2 messages, "
+                                             r"expected 64$"):
+        check_ring(scripts, tmp_path)
+
+
+def test_ring_check_tells_a_ring_from_a_direct_reduce_scatter_and_all_gather(scripts, tmp_path):
+    """Right sums and the ring's bytes, but every chunk goes straight to its owner: not a ring on 3 ranks."""
+    path = scripts["allreduce_ring.py"]
+    rewrite(path, replace_solution(path.read_text(), "01a", new="""
+        incoming = [torch.empty_like(c) for c in chunks]
+        for phase in ("reduce-scatter", "all-gather"):
+            requests = []
+            for peer in range(world):
+                if peer == rank:
+                    continue
+                if phase == "reduce-scatter":  # my part of chunk `peer` to its owner; its part of mine to me
+                    requests.append(p2p.isend(chunks[peer], peer, group))
+                    requests.append(p2p.irecv(incoming[peer], peer, group))
+                else:  # my finished chunk to everyone; theirs into place
+                    requests.append(p2p.isend(chunks[rank], peer, group))
+                    requests.append(p2p.irecv(chunks[peer], peer, group))
+            for request in requests:
+                request.wait()
+            if phase == "reduce-scatter":
+                for peer in range(world):
+                    if peer != rank:
+                        chunks[rank] += incoming[peer]"""))
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 01a: rank \d sent to ranks \[\d, \d\]: a ring sends only to "
+                                             r"its right neighbour, rank \d$"):
+        check_ring(scripts, tmp_path, world=3)
+
+
+def test_a_deadlocking_ring_ends_in_one_line_naming_where_each_rank_waits(scripts, tmp_path):
+    """Every rank receives first: none ever sends. The verdict comes at the exercise run's short timeout."""
+    path = scripts["allreduce_ring.py"]
+    rewrite(path, replace_solution(path.read_text(), "01a", """        request = p2p.isend(chunks[out], right, group)
+        p2p.recv(incoming[:len(chunks[into])], left, group)
+        request.wait()
+""", """        p2p.recv(incoming[:len(chunks[into])], left, group)
+        p2p.send(chunks[out], right, group)
+"""))
+    with pytest.raises(ExerciseFailed) as failed:
+        check_ring(scripts, tmp_path)
+    line = str(failed.value)
+    print(line)
+    assert re.fullmatch(r"Exercise 01a: deadlock, no rank went on after 10 s: ranks 0 and 1 both wait in "
+                        r"`p2p\.recv\(incoming\[:len\(chunks\[into\]\)\], left, group\)` \(allreduce_ring\.py "
+                        r"line \d+\)\. Hint: every rank waits to receive before any rank has sent: .*", line), line
+
+
+def test_a_ring_that_breaks_when_n_does_not_divide_the_size_ends_in_one_line(scripts, tmp_path):
+    """The receive buffer is sized from the last (shortest) chunk: with 9 elements on 2 ranks rank 1 receives 5
+    elements into 4, and gloo aborts the process."""
+    path = scripts["allreduce_ring.py"]
+    rewrite(path, replace_solution(path.read_text(), "01a", "incoming = torch.empty_like(chunks[0])",
+                                   "incoming = torch.empty_like(chunks[-1])"))
+    with pytest.raises(ExerciseFailed) as failed:
+        check_ring(scripts, tmp_path)
+    line = str(failed.value)
+    print(line)
+    assert re.fullmatch(r"Exercise 01a: rank \d died \(signal SIGABRT, exit code -6\): .*40 vs 32.*Hint: a recv into a "
+                        r"tensor smaller than the message sent \(gloo aborts\).*", line), line
+
+
+def test_a_ring_that_crashes_when_n_does_not_divide_the_size_names_the_rank_and_error(scripts, tmp_path):
+    path = scripts["allreduce_ring.py"]
+    rewrite(path, replace_solution(path.read_text(), "01a", "chunks[into] += incoming[:len(chunks[into])]",
+                                   "chunks[into] += incoming"))
+    with pytest.raises(ExerciseFailed) as failed:
+        check_ring(scripts, tmp_path)
+    line = str(failed.value)
+    print(line)
+    assert re.fullmatch(r"Exercise 01a: rank \d crashed at `chunks\[into\] \+= incoming` \(allreduce_ring\.py line "
+                        r"\d+\): RuntimeError: The size of tensor a \(4\) must match the size of tensor b \(5\).*",
+                        line), line
+
+
+def test_the_naive_design_runs_whatever_the_ring_script_holds(scripts, tmp_path):
+    rewrite(scripts["allreduce_ring.py"], "def ring_all_reduce(x, group=None:\n")  # a syntax error
+    run = run_script(scripts["allreduce_by_hand.py"], "--design", "naive", "--world-size", 2, "--numel", 8,
+                     "--run-dir", tmp_path / "naive", echo=False, timeout=120)
+    assert "[rank 0] naive: equal to dist.all_reduce on 2 ranks for 8 and 9 elements" in run.output
+    problem = failure_of("01a", scripts["allreduce_by_hand.py"], "--design", "ring", "--world-size", 2, "--numel", 8,
+                         "--run-dir", tmp_path / "ring", timeout=120)
+    assert re.fullmatch(r"Exercise 01a: the script failed: allreduce_by_hand\.py failed with exit code 1: "
+                        r"SyntaxError: .*", problem), problem
 
 
 def check_all_gather(script):
-    return check_script("01b", script, "--world-size", 2, "--numel", 5, timeout=120, echo=False)
+    return check_script("01b", script, "--world-size", 2, "--numel", 5, timeout=120, echo=False, env=SHORT)
 
 
 @pytest.mark.parametrize("old, new, message", [
     (None, None, "^Exercise 01b: not written yet"),
     ("    gathered[rank].copy_(x)\n", "", r"^Exercise 01b: rank (\d), slot \1, element \[0\]: expected \d+, got 0 "),
-], ids=["stub", "own-slot-skipped"])
+    (None, """    gathered[rank].copy_(x)
+    dist.all_gather(gathered, x)
+""", r"^Exercise 01b: rank \d sent too few bytes: 0 in 0 messages, expected \(N-1\)·S = 40 \(send with p2p"),
+    (None, """    gathered[rank].copy_(x)
+    requests = [p2p.isend(x, peer, group) for peer in range(world) if peer != rank for _ in range(2)]  # twice
+    for peer in range(world):
+        if peer != rank:
+            p2p.recv(gathered[peer], peer, group)
+            p2p.recv(gathered[peer], peer, group)
+    for request in requests:
+        request.wait()
+""", r"^Exercise 01b: rank \d sent too many bytes: 80 in 2 messages, expected \(N-1\)·S = 40$"),
+], ids=["stub", "own-slot-skipped", "collective-not-p2p", "twice"])
 def test_all_gather_check_fails_on_the_stub_and_wrong_answers(scripts, old, new, message):
     path = scripts["allgather_by_hand.py"]
     source = path.read_text()
-    rewrite(path, stub(source) if old is None else replace_solution(source, "01b", old, new))
+    if old is None:
+        rewrite(path, stub(source) if new is None else replace_solution(source, "01b", new=new))
+    else:
+        rewrite(path, replace_solution(source, "01b", old, new))
     with pytest.raises(ExerciseFailed, match=message):
         check_all_gather(path)
 
 
+def test_an_all_gather_that_sends_to_every_peer_before_receiving_ends_in_one_line(scripts):
+    """On gloo a blocking send waits for its receiver: every rank sending first is a deadlock."""
+    path = scripts["allgather_by_hand.py"]
+    rewrite(path, replace_solution(path.read_text(), "01b", new="""
+        gathered[rank].copy_(x)
+        for peer in range(world):
+            if peer != rank:
+                p2p.send(x, peer, group)
+        for peer in range(world):
+            if peer != rank:
+                p2p.recv(gathered[peer], peer, group)"""))
+    start = time.perf_counter()
+    with pytest.raises(ExerciseFailed) as failed:
+        check_all_gather(path)
+    line = str(failed.value)
+    print(f"{time.perf_counter() - start:.1f} s: {line}")
+    assert re.fullmatch(r"Exercise 01b: deadlock, no rank went on after 10 s: ranks 0 and 1 both wait in "
+                        r"`p2p\.send\(x, peer, group\)` \(allgather_by_hand\.py line \d+\)\. Hint: on gloo a "
+                        r"blocking send waits until the receiver takes the message.*", line), line
+
+
 def test_timing_runs_without_the_ring_and_says_so(scripts, tmp_path):
-    path = scripts["allreduce_by_hand.py"]
+    path = scripts["allreduce_ring.py"]
     rewrite(path, stub(path.read_text()))
     run = run_script(scripts["allreduce_timing.py"], "--world-sizes", 2, "--sizes", 64, 1024, "--repeats", 2,
                      "--run-dir", tmp_path / "timing", echo=False, timeout=120)
