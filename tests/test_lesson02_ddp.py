@@ -38,6 +38,13 @@ def test_scaling_times_compute_allreduce_and_step_for_every_setting(scripts, tmp
         assert r["samples_per_s"] == pytest.approx(2 * r["batch"] / r["seconds"])
 
 
+def test_a_rerun_into_the_same_run_dir_replaces_the_last_runs_metrics(scripts, tmp_path):
+    for _ in range(2):  # as a learner re-running a "what to try next" command
+        out = run(scripts, "ddp_buckets.py", "--world-size", 2, "--steps", 2, "--run-dir", tmp_path).output
+        assert "path: " in out
+        assert [r["model"] for r in read_metrics(tmp_path)] == ["convnet", "mlp"], "the last run's lines remain"
+
+
 @pytest.mark.parametrize("script, flags, message", [
     ("ddp_step.py", ["--world-size", 0, "--run-dir", "x"], "--world-size: must be an integer >= 1"),
     ("ddp_checkpoint.py", ["--steps", 0, "--run-dir", "x"], "--steps: must be an integer >= 1"),
