@@ -58,12 +58,12 @@ def test_exercise_09a_passes_the_solution_and_fails_the_stub_and_wrong_answers(s
     assert "steps equal one process" in check_zero2(scripts, tmp_path, source)
     with pytest.raises(ExerciseFailed, match="^Exercise 09a: not written yet"):
         check_zero2(scripts, tmp_path, stub(source))
-    all_reduce = replace_solution(source, "09a", "dist.reduce_scatter_tensor(shard.grad, grads)",
+    all_reduce = replace_solution(source, "09a", "dist.reduce_scatter_single(shard.grad, grads)",
                                   "dist.all_reduce(grads)\n    shard.grad.copy_(grads.chunk(world)[dist.get_rank()])")
     with pytest.raises(ExerciseFailed, match=r"rank \d's step ran \{'all-reduce': 1, 'all-gather': 1\}, expected one "
                                              "reduce-scatter and one all-gather"):
         check_zero2(scripts, tmp_path, all_reduce)
-    no_gather = replace_solution(source, "09a", "dist.all_gather_into_tensor(flat, shard.detach().clone())", "pass")
+    no_gather = replace_solution(source, "09a", "dist.all_gather_single(flat, shard.detach().clone())", "pass")
     with pytest.raises(ExerciseFailed, match=r"rank \d parameter \d+ element \[.*\]: expected .*, got"):
         check_zero2(scripts, tmp_path, no_gather)
     full_grads = replace_solution(source, "09a", "p.grad = None", "p.grad.zero_()")  # zeroed, but kept whole
