@@ -4,11 +4,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.measure.memory import SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory
+from helpers.measure.memory import SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory, storage_bytes
 
 
-def test_local_bytes_counts_storage_and_skips_none():
+def test_local_bytes_counts_each_tensors_elements_and_skips_none():
     assert local_bytes([torch.zeros(10), None, torch.zeros(2, 3, dtype=torch.float64)]) == 10 * 4 + 6 * 8
+    base = torch.zeros(100)
+    assert local_bytes([base[:10], base[10:30]]) == 30 * 4  # views count what they show, not their storage
+
+
+def test_storage_bytes_count_each_storage_once_and_whole():
+    base = torch.zeros(100)
+    other = torch.zeros(3, dtype=torch.float64)
+    # two views of one storage count it once, by its whole size; a view shorter than its storage counts it all
+    assert storage_bytes([base[:10], base[10:30], None, other]) == 100 * 4 + 3 * 8
+    assert storage_bytes([base[90:]]) == 100 * 4
+    assert storage_bytes([]) == 0
 
 
 def test_peak_memory_is_none_off_the_gpu():
@@ -55,5 +66,6 @@ def test_local_bytes_count_a_dtensor_by_its_local_shard():
     try:
         sharded = distribute_tensor(torch.zeros(8, 4), init_device_mesh("cpu", (4,)), [Shard(0)])
         assert local_bytes([sharded]) == 2 * 4 * 4
+        assert storage_bytes([sharded]) == sharded.to_local().untyped_storage().nbytes()
     finally:
         dist.destroy_process_group()
