@@ -77,12 +77,11 @@ def test_the_most_micro_batches_the_rpc_flag_accepts_run_to_the_end(scripts, tmp
      "--micro-batches 3 does not divide --batch-size 32"),
     ("pipeline_rpc.py", ["--batch-size", 128, "--micro-batches", 65], "must be an integer >= 1 and <= 64, got 65"),
     ("pipeline_schedules.py", ["--world-size", 3], "--world-size 3: the layouts here are for 2 ranks"),
-    ("pipeline_schedules.py", ["--layers", 6], "--layers 6: 4 stages share the blocks evenly"),
     ("pipeline_schedules.py", ["--batch-size", 20, "--micro-batches", 8], "--micro-batches 8 does not divide"),
     ("pipeline_schedules.py", ["--micro-batches", 2], "must be an integer >= 4, got 2"),
 ], ids=["more-micro-batches-than-samples", "batchnorm-one-value", "unknown-split", "rpc-world-size",
         "pp-world-size", "1f1b-one-micro-batch", "no-micro-batch", "image-too-small", "no-threads",
-        "pp-uneven-micro-batches", "rpc-pool-cap", "schedules-world-size", "schedules-layers",
+        "pp-uneven-micro-batches", "rpc-pool-cap", "schedules-world-size",
         "schedules-uneven-micro-batches", "schedules-dualpipev-micro-batches"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, tmp_path, name, flags, message):
     error = refusal(scripts[name], *flags, "--run-dir", tmp_path)

@@ -91,6 +91,9 @@ def test_action_log_notes_every_f_i_and_w_of_a_zero_bubble_schedule_and_changes_
         # one rank holding both stages of a V: stage 0 and stage 1 (the last), two micro-batches
         cpu = torch.device("cpu")
         stages = [PipelineStage(blocks[:2], 0, 2, cpu), PipelineStage(blocks[2:], 1, 2, cpu)]
+        if not hasattr(ScheduleZBVZeroBubble, "_initialize_pp_stages"):  # before torch 2.14: a first handshake to
+            for stage in stages:                                         # this rank itself, which gloo refuses
+                stage._get_init_p2p_neighbors_ops = list
         schedule = ScheduleZBVZeroBubble(stages, n_microbatches=2, loss_fn=F.mse_loss)
         log = ActionLog(stages)
         schedule.step(x, target=y)
