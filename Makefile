@@ -7,6 +7,7 @@
 #   make test-floor the same tests and lessons with the oldest PyTorch the course supports (constraints-floor.txt,
 #                 helpers.TORCH_FLOOR), installed into .venv-floor; .ci/run runs it after make test
 #   make exercises  the learner's version of each lesson (solutions replaced by NotImplementedError), build/exercises/
+#   make nbgrader   an nbgrader course directory of the lessons with exercises, build/nbgrader/ (README, Exercises)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -19,7 +20,7 @@ TORCH_FAMILY := ^(torch|torchvision|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==
 TESTS = COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/$(2) COURSE_OFFLINE=1 \
 		$(1) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --dist worksteal --durations=15
 
-.PHONY: course test test-floor exercises install install-floor lint clean
+.PHONY: course test test-floor exercises nbgrader install install-floor lint clean
 
 course: install
 	COURSE_PROFILE=full $(PY) -m helpers.build --out build
@@ -32,6 +33,9 @@ test-floor: install-floor
 
 exercises: install
 	$(PY) -m helpers.exercises --out build/exercises
+
+nbgrader: install
+	$(PY) -m helpers.exercises --nbgrader build/nbgrader
 
 install: $(STAMP)
 install-floor: $(FLOOR_STAMP)

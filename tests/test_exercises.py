@@ -401,3 +401,66 @@ def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
         exercises.keep_going(False)
     assert table.splitlines()[1:] == ["99f       failed   Exercise 99f: wrong",
                                       "99g       passed   Exercise 99g: correct", "99h       not run", "1 of 3 passed"]
+
+
+def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path):
+    """Real nbgrader on the course directory `python -m helpers.exercises --nbgrader` writes (the cells the checks
+    need, so that autograding takes seconds): generate_assignment of lessons 01 and 09, then autograde of the
+    reference solutions, of the release version, and of lesson 01 with exercise 01a wrong."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from nbgrader.api import Gradebook
+
+    from helpers.exercises import main
+
+    start = time.perf_counter()
+    course = tmp_path / "course"
+    lessons = {"01_collectives": ["01a", "01b"], "09_sharding": ["09a", "09b"]}
+    assert main(["--nbgrader", str(course), "--lessons", "01", "09", "--checks-only"]) == 0
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "COURSE_RUNS": str(tmp_path / "runs"), **SHORT}
+
+    def nbgrader(*args):
+        done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    for lesson in lessons:
+        nbgrader("generate_assignment", lesson, "--force")
+    release = (course / "release" / "01_collectives" / "01_collectives.ipynb").read_text()
+    assert "### BEGIN SOLUTION" not in release and "YOUR CODE HERE" in release
+
+    def submit(student, lesson, text):
+        folder = course / "submitted" / student / lesson
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{lesson}.ipynb").write_text(text)
+
+    for lesson in lessons:
+        submit("solutions", lesson, (course / "source" / lesson / f"{lesson}.ipynb").read_text())
+        submit("release", lesson, (course / "release" / lesson / f"{lesson}.ipynb").read_text())
+    source = json.loads((course / "source" / "01_collectives" / "01_collectives.ipynb").read_text())
+    for cell in source["cells"]:
+        if cell["cell_type"] == "code" and ("01a", ) == tuple(e for e, _ in exercises("".join(cell["source"]))):
+            wrong = replace_solution("".join(cell["source"]), "01a", "(rank - step - 1) % world",
+                                     "(rank - step) % world")  # receives into the chunk it sent
+            cell["source"] = wrong.splitlines(keepends=True)
+    submit("wrong-01a", "01_collectives", json.dumps(source))
+    for lesson in lessons:
+        nbgrader("autograde", lesson, "--create", "--force")
+    scores = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as book:
+        for lesson, ids in lessons.items():
+            for student in ("solutions", "release", "wrong-01a"):
+                if student == "wrong-01a" and lesson != "01_collectives":
+                    continue
+                for exercise in ids:
+                    grade = book.find_grade(f"{exercise}-check", lesson, lesson, student)
+                    scores[student, exercise] = (grade.score, grade.max_score)
+    print(f"nbgrader: {time.perf_counter() - start:.0f} s; {scores}")
+    assert all(scores["solutions", e] == (1, 1) for ids in lessons.values() for e in ids), scores
+    assert all(scores["release", e] == (0, 1) for ids in lessons.values() for e in ids), scores
+    assert scores["wrong-01a", "01a"] == (0, 1) and scores["wrong-01a", "01b"] == (1, 1), scores
+    shutil.rmtree(course / "autograded", ignore_errors=True)
