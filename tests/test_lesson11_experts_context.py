@@ -175,7 +175,7 @@ def test_exercise_11c_check_fails_on_the_stub_on_unswapped_axes_and_without_the_
     solution = scripts["context_ulysses.py"].read_text()
     path = scripts["context_ulysses.py"].with_name("ulysses_attempt.py")  # beside context_blocks.py
     flags = ("--world-size", 2, "--run-dir", tmp_path)
-    assert "equal full attention" in check_source("11c", path, solution, *flags, timeout=120)
+    assert "equals full attention" in check_source("11c", path, solution, *flags, timeout=120)
     with pytest.raises(ExerciseFailed, match="^Exercise 11c: not written yet"):
         check_source("11c", path, stub(solution), *flags, timeout=120)
     # the heads and sequence axes left unswapped: a source rank taken for a head
