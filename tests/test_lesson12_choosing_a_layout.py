@@ -4,7 +4,8 @@ The notebook's check cells, run by nbmake in the quick profile, assert every ter
 course's own runs: bytes held by kind, bytes and calls of every collective, FLOPs against FlopCounterMode, and
 the memory at 64 ranks against FSDPMemTracker. What is left: that those checks can fail, each when one term of
 the model is wrong (Adam without its second moment, ZeRO-2 without its whole gradient during backward, FSDP2
-gathering each block once), both exercise checks failing on their stubs and on plausible wrong answers, and
+gathering each block once, the MLP's hidden activation saved once, backward priced as one forward), both
+exercise checks failing on their stubs and on plausible wrong answers, and
 the scripts' flag checks (no worker started).
 """
 
@@ -89,6 +90,19 @@ def test_the_check_fails_when_zero2_forgets_its_whole_gradient_during_backward(s
 def test_the_check_fails_when_fsdp_gathers_each_block_once(scripts, measured):
     model = load_model(scripts, "gathered = 2 * s.blocks", "gathered = s.blocks")
     assert missed(model, measured) == {"fsdp": ["all-gather"]}
+
+
+def test_the_check_fails_when_activations_forget_the_mlps_hidden_output(scripts, measured):
+    model = load_model(scripts, "(4 if s.gated else 2) * h / t", "(3 if s.gated else 1) * h / t")
+    assert missed(model, measured) == {mode: ["activation_bytes"] for mode in ("ddp", "zero1", "zero2", "fsdp")}
+
+
+def test_flops_miss_when_backward_is_counted_as_one_forward(scripts, measured):
+    """The lesson's FLOP check (0.5 %) against FlopCounterMode: right as written, wrong with backward = forward."""
+    for source, right in (({}, True), ({"old": "(3 * block + recompute)", "new": "(2 * block + recompute)"}, False)):
+        model = load_model(scripts, **source)
+        counted = model.flops(model.Shapes(**SMALL), model.Layout(dp=2), BATCH, attention=False)  # CPU: as counted
+        assert all((abs(r["per_rank"][0]["flops"] / counted - 1) < 0.005) == right for r in measured.values())
 
 
 def cell(text):
