@@ -464,3 +464,23 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
     assert all(scores["release", e] == (0, 1) for ids in lessons.values() for e in ids), scores
     assert scores["wrong-01a", "01a"] == (0, 1) and scores["wrong-01a", "01b"] == (1, 1), scores
     shutil.rmtree(course / "autograded", ignore_errors=True)
+
+
+def test_a_page_shows_one_box_per_stream_one_verdict_per_check_and_says_the_whole_script_is_folded():
+    import nbformat
+
+    from helpers.build import fold_solutions, tidy_outputs
+
+    script = f"%%writefile scripts/ring.py\n# Exercise 99a: a ring\n{BEGIN}\npass\n{END}\n"
+    check_cell = nbformat.v4.new_code_cell('check_script("99a", "scripts/ring.py")', outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="[rank 0] one\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="[rank 1] two\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="Exercise 99a: correct\n"),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "'Exercise 99a: correct'"}, execution_count=1)])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(script), check_cell])
+    assert fold_solutions(nb) == ["99a"]
+    assert nb.cells[0].metadata["mystnb"]["code_prompt_show"] == "Show the whole script ring.py, with the solution " \
+                                                                 "of exercise 99a"
+    tidy_outputs(nb)
+    assert [(o.output_type, o.get("text")) for o in nb.cells[1].outputs] == \
+        [("stream", "[rank 0] one\n[rank 1] two\nExercise 99a: correct\n")]
