@@ -486,8 +486,7 @@ def _passed(exercise: str, line: str):
 def _threads_line(exercise: str, threads: list, seconds: float) -> str:
     """The verdict of an in-notebook check whose threads did not finish: where each waits, and the likely cause."""
     frames = sys._current_frames()
-    groups: dict[tuple, list[str]] = {}
-    causes = []
+    found = []  # (cause, where, thread name)
     for thread in threads:
         stack, frame = [], frames.get(thread.ident)
         while frame is not None:
@@ -495,20 +494,24 @@ def _threads_line(exercise: str, threads: list, seconds: float) -> str:
             frame = frame.f_back
         mine = [f for f in stack if _learner_file(f.f_code.co_filename, None)]  # innermost first
         if not mine:
-            groups.setdefault(("", 0, "", ""), []).append(thread.name)
+            found.append(("", ("", 0, "", ""), thread.name))
             continue
         inner = mine[0]
         code = _code(linecache.getline(inner.f_code.co_filename, inner.f_lineno))
         caller = f", called from `{mine[1].f_code.co_name}`" if len(mine) > 1 else ""
-        groups.setdefault((inner.f_code.co_name, inner.f_lineno, code, caller), []).append(thread.name)
-        causes.append(_stuck_cause(code, mine))
+        found.append((_stuck_cause(code, mine), (inner.f_code.co_name, inner.f_lineno, code, caller), thread.name))
+    found.sort(key=lambda f: "again" not in f[0])  # a thread that waits for itself first: it holds the others up
+    groups: dict[tuple, list[str]] = {}
+    for _, where, name in found:
+        groups.setdefault(where, []).append(name)
+    causes = [cause for cause, _, _ in found]
     parts = []
     for (function, line, code, caller), names in groups.items():
         who = f"thread {names[0]} waits" if len(names) == 1 else f"{len(names)} threads ({', '.join(names)}) wait"
         parts.append(f"{who} in `{code}` (`{function}`, line {line} of its cell{caller})" if code
                      else f"{who}: no frame of the notebook's")
-    cause = next((c for c in causes if c), "a thread waits for something no other thread will do, or loops "
-                                           "without end")
+    cause = next((c for c in causes if "again" in c), next((c for c in causes if c), "a thread waits for "
+                 "something no other thread will do, or loops without end"))  # the thread that waits for itself
     return (f"Exercise {exercise}: did not finish within {seconds:g} s: {'; '.join(parts)}. Likely cause: {cause}")
 
 

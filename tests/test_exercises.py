@@ -358,10 +358,10 @@ def test_an_in_notebook_check_is_bounded_and_names_the_threads_that_did_not_fini
     out, seconds = run_cell(LOCK_TWICE, tmp_path)
     line = out.strip().splitlines()[0]
     print(f"{seconds:.1f} s: {line}")
-    assert line.startswith("Exercise 99d: did not finish within 3 s: thread adder-0 waits in `with self.lock:` "
-                           "(`read`, line 13 of its cell, called from `add`); thread adder-1 waits in "
-                           "`with self.lock:` (`add`, line 17 of its cell). Likely cause: `add` holds self.lock and "
-                           "calls `read`, which takes it again"), line
+    assert line.startswith("Exercise 99d: did not finish within 3 s: thread adder-"), line  # which one: by chance
+    assert re.search(r"thread adder-(\d) waits in `with self\.lock:` \(`read`, line 13 of its cell, called from "
+                     r"`add`\); thread adder-(?!\1)\d waits in `with self\.lock:` \(`add`, line 17 of its cell\)\. "
+                     r"Likely cause: `add` holds self\.lock and calls `read`, which takes it again", line), line
 
 
 def test_06a_update_taking_its_lock_twice_ends_in_one_line(tmp_path):
@@ -376,11 +376,12 @@ def test_06a_update_taking_its_lock_twice_ends_in_one_line(tmp_path):
                             env={"COURSE_EXERCISE_TIMEOUT": "5"})
     line = out.strip().splitlines()[-1]
     print(f"{seconds:.1f} s: {line}")
-    assert re.fullmatch(r"Exercise 06a: did not finish within 5 s: thread Thread-\d \(trainer\) waits in "
-                        r"`with self\.lock:` \(`read`, line 17 of its cell, called from `update`\); 3 threads "
-                        r"\(Thread-\d \(trainer\), .*\) wait in `with self\.lock:` \(`read`, line 17 of its cell, "
-                        r"called from `train`\)\. Likely cause: `update` holds self\.lock and calls `read`, which "
-                        r"takes it again: .*", line), line
+    assert line.startswith("Exercise 06a: did not finish within 5 s: "), line  # which thread waits where: by chance
+    assert "thread Thread-1 (trainer) waits in `with self.lock:` (`read`, line 17 of its cell, called from `update`)" \
+        in line.replace("Thread-2", "Thread-1").replace("Thread-3", "Thread-1").replace("Thread-4", "Thread-1"), line
+    assert line.endswith(". Likely cause: `update` holds self.lock and calls `read`, which takes it again: a "
+                         "threading.Lock is not re-entrant, so the thread waits for itself (take the lock once, and "
+                         "do what `read` does inside it without calling it)"), line
 
 
 def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
