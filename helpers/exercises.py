@@ -23,7 +23,7 @@ The format, the same in every lesson:
 * Every way an exercise can fail ends in one line starting ``Exercise NNx:``, within seconds: a wrong value
   (a non-finite one included: :func:`first_difference`), a crash of a rank (its rank, line and error's last
   line) or its abort, a deadlock, an RPC that never returns, an in-notebook check whose threads never finish.
-  An exercise run (the script, or a module beside it, holds an ``# Exercise NNx:`` line) gives its process
+  An exercise run (a check's, or a script holding an ``# Exercise NNx:`` line) gives its process
   groups and RPC calls a short timeout (:func:`exercise_seconds`, from a terminal too), and when a rank times
   out the verdict says where each rank waited (its traceback, or a ``py-spy dump`` of a rank still waiting, cut
   to the learner's files) with one hint of the usual cause (:func:`watch_ranks`, :func:`failure_line`).
@@ -184,27 +184,21 @@ class Verdict(str):
 def exercise_of_run(script=None) -> str | None:
     """The id of the exercise this run checks, or None when it is no exercise run.
 
-    ``COURSE_EXERCISE`` when set (:func:`check_script` sets it); otherwise the first ``# Exercise NNx:`` line in
-    the running script (``sys.argv[0]``) or in a module imported from the script's folder, so that a learner's
-    script run from a terminal is an exercise run too.
+    ``COURSE_EXERCISE`` when set (:func:`check_script` sets it, and a script whose exercise lives in a module it
+    imports may set it itself, as lesson 01's ``allreduce_by_hand.py --design ring`` does); otherwise the first
+    ``# Exercise NNx:`` line of the running script (``sys.argv[0]``), so that a learner's script run from a
+    terminal is an exercise run too. A script that merely imports an exercise's module (a timing) is not one.
     """
     if os.environ.get(EXERCISE_ENV):
         return os.environ[EXERCISE_ENV]
-    script = Path(script or sys.argv[0] or "-")
-    if not script.is_file():
+    script = Path(script or (sys.argv[0] if sys.argv else "") or "-")
+    if script.suffix != ".py" or not script.is_file():
         return None
-    folder = script.resolve().parent
-    paths = [script.resolve()] + sorted({Path(m.__file__).resolve() for m in list(sys.modules.values())
-                                         if isinstance(getattr(m, "__file__", None), str)
-                                         and Path(m.__file__).resolve().parent == folder} - {script.resolve()})
-    for path in paths:
-        try:
-            found = TITLE.search(path.read_text(errors="replace")) if path.suffix == ".py" else None
-        except OSError:
-            continue
-        if found:
-            return found.group(1)
-    return None
+    try:
+        found = TITLE.search(script.read_text(errors="replace"))
+    except OSError:
+        return None
+    return found.group(1) if found else None
 
 
 def exercise_seconds() -> float:
