@@ -384,9 +384,34 @@ def _spawned(rank, fn, args, plan, threads, method="spawn") -> None:
     os.environ.update(MASTER_ADDR=plan["addr"], RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(plan["world_size"]))
     placement = plan["placement"]  # no CUDA call here: a rank that only serves RPCs never touches the GPU
-    fn(Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
-              plan["init_method"], plan["rpc_init_method"], placement, method), *args)
+    _call_keeping_locals(fn, Worker(rank, plan["world_size"], rank, placement.backend, placement.device(rank),
+                                    plan["init_method"], plan["rpc_init_method"], placement, method), *args)
     _leave_now()
+
+
+_KEPT_FRAMES: list = []  # the frame of each rank's function, kept with its objects until the process ends
+
+
+def _call_keeping_locals(fn, *args) -> None:
+    """``fn(*args)``, keeping the objects its frame held when it returned alive until :func:`_leave_now` ends the
+    process. Freed at the return, in the order of fn's local variables, they could deadlock: DDP's reducer,
+    freed with the GIL held, destroys the gloo process group it holds, which joins its threads, while one of
+    them waits for the GIL to free a tensor of a finished collective whose Python reference had just gone
+    (torch 2.11: exercise 02a and ddp_mnist.py, now and then, never ended). A profiling hook catches fn's frame
+    as fn is entered, then removes itself."""
+    code = getattr(fn, "__code__", None)
+
+    def catch(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            _KEPT_FRAMES.append(frame)
+            sys.setprofile(None)
+
+    if code is not None:
+        sys.setprofile(catch)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
 
 
 def _leave_now() -> None:
@@ -407,8 +432,8 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     if os.environ.get("MASTER_ADDR") in LOOPBACK:  # a one-machine torchrun run: keep gloo, TensorPipe, NCCL there too
         os.environ.update(socket_ifnames())
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    fn(Worker(int(os.environ["RANK"]), started, local_rank, placement.backend, placement.device(local_rank),
-              "env://", "env://", placement), *args)
+    _call_keeping_locals(fn, Worker(int(os.environ["RANK"]), started, local_rank, placement.backend,
+                                    placement.device(local_rank), "env://", "env://", placement), *args)
     _leave_now()  # as a spawned worker does: this process is the rank, and its work is done
 
 

@@ -15,7 +15,18 @@ from helpers.launch import SOCKET_IFNAMES, launch, log
 from helpers.metrics import MetricsWriter
 
 
+class Freed:
+    """Writes its file when freed: whether a rank's objects were freed as its function returned."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        Path(self.path).write_text("freed")
+
+
 def run(worker, args):
+    kept = Freed(Path(args.out, f"freed{worker.rank}"))  # noqa: F841 (a local that launch must not free)
     worker.init_process_group()
     total = torch.tensor([float(worker.rank)], device=worker.device)
     dist.all_reduce(total)
