@@ -1,5 +1,7 @@
-"""helpers.rpc: method calls through RRefs and parameter RRefs, over real RPC between two workers."""
+"""helpers.rpc: method calls through RRefs and parameter RRefs, over real RPC between two workers; the transport
+check of the RPC scripts' flags."""
 
+import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -8,7 +10,7 @@ import pytest
 
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
-from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION, hide_functional_optimizer_warning
+from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION, check_transport, hide_functional_optimizer_warning
 
 SCRIPT = Path(__file__).parent / "scripts" / "rpc_methods.py"
 
@@ -53,3 +55,17 @@ def test_idle_rpc_workers_leave_the_cores_alone_and_shared_memory_would_not(tmp_
     shm = idle_cpu(tmp_path, "shm,uv")
     assert max(uv) < 0.1, f"idle workers on uv used {uv} of a core each"
     assert sum(shm) > 5 * sum(uv) + 0.3, f"shm {shm} vs uv {uv}: shared memory no longer polls; revisit the default"
+
+
+def test_shared_memory_transport_is_refused_off_linux_in_one_line(monkeypatch, capsys):
+    parser = argparse.ArgumentParser(prog="script.py")
+    monkeypatch.setattr(sys, "platform", "linux")
+    check_transport(parser, "shm")  # TensorPipe has it here
+    monkeypatch.setattr(sys, "platform", "darwin")
+    check_transport(parser, "uv")
+    with pytest.raises(SystemExit) as refused:
+        check_transport(parser, "shm")
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "script.py: error: --transport shm: TensorPipe has a shared-memory transport on Linux only, not on darwin; "
+        "use --transport uv")
