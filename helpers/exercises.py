@@ -18,8 +18,12 @@ The format, the same in every lesson:
   problem (or ``None``) into that line.
 * ``python -m helpers.exercises --out build/exercises`` (``make exercises``) writes the learner's version of
   every lesson that has exercises: each marked region replaced by one line that raises
-  ``NotImplementedError`` naming the exercise (:func:`stub`). No later cell of a lesson depends on an
-  exercise's result, so a learner version runs top to bottom except for the exercise checks.
+  ``NotImplementedError`` naming the exercise (:func:`stub`), a cell after the setup that makes every check
+  print its verdict and let the run go on (:func:`keep_going`), and a last cell that lists the exercises,
+  passed or not (:func:`summary`). So a learner version runs to its end under Run All; the committed lessons
+  never call :func:`keep_going`, and their checks raise.
+* ``python -m helpers.exercises --nbgrader DIR`` (``make nbgrader``) writes an nbgrader course directory
+  (:func:`write_nbgrader`): solution cells, locked graded check cells, every other code cell locked.
 * Every way an exercise can fail ends in one line starting ``Exercise NNx:``, within seconds: a wrong value
   (a non-finite one included: :func:`first_difference`), a crash of a rank (its rank, line and error's last
   line) or its abort, a deadlock, an RPC that never returns, an in-notebook check whose threads never finish.

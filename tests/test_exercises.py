@@ -134,9 +134,10 @@ def test_check_script_passes_the_solution_and_fails_the_stub_and_a_wrong_answer(
 
 
 def _notebook(*sources):
-    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# 99 — a lesson"]}]
-    cells += [{"cell_type": "code", "metadata": {}, "execution_count": 3, "outputs": [{"output_type": "stream",
-               "name": "stdout", "text": ["6\n"]}], "source": s.splitlines(keepends=True)} for s in sources]
+    cells = [{"cell_type": "markdown", "id": "title", "metadata": {}, "source": ["# 99 — a lesson"]}]
+    cells += [{"cell_type": "code", "id": f"code-{i}", "metadata": {}, "execution_count": 3, "outputs": [
+               {"output_type": "stream", "name": "stdout", "text": ["6\n"]}], "source": s.splitlines(keepends=True)}
+              for i, s in enumerate(sources)]
     return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
