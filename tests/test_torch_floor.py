@@ -59,8 +59,8 @@ def test_make_test_floor_installs_the_floor_and_make_test_a_newer_pin():
     assert helpers._release(_pin("constraints.txt", "torch")) >= floor
     # torchvision of the same release as each torch (0.N+15 goes with 2.N)
     for path in ("constraints.txt", "constraints-floor.txt"):
-        torch_minor, vision_minor = helpers._release(_pin(path, "torch"))[1], helpers._release(_pin(path, "torchvision"))[1]
-        assert vision_minor == torch_minor + 15, path
+        torch_minor = helpers._release(_pin(path, "torch"))[1]
+        assert helpers._release(_pin(path, "torchvision"))[1] == torch_minor + 15, path
 
 
 def test_environment_yml_and_readme_name_the_floor():
