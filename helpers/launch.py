@@ -313,15 +313,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
                 if os.path.exists(path):
                     os.remove(path)
     except mp.ProcessRaisedException as e:
-        verdict = f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
-        raise WorkerError(f"rank {e.error_index} raised:\n{e.msg.split(':', 1)[1].strip()}{verdict}") from None
+        error = e.msg.split(":", 1)[1].strip()
+        raise WorkerError(f"rank {e.error_index} raised:\n{error}{_verdict_line(exercise, report)}") from None
     except mp.ProcessExitedException as e:
-        verdict = f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
-        raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}{verdict}") from None
+        raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}{_verdict_line(exercise, report)}") \
+            from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         if restore is not None:
             signal.signal(signal.SIGTERM, restore)
+
+
+def _verdict_line(exercise, report) -> str:
+    """After a worker's failure in an exercise run, the exercise's one-line verdict on a line of its own; else ""."""
+    return f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
 
 
 def _script_folder() -> Path | None:
