@@ -1,12 +1,13 @@
-"""helpers.measure.timing: phase laps, the micro-batch timeline, profiler rows (CPU, and kernels kept apart), and
-the action log of a pipeline schedule."""
+"""helpers.measure.timing: phase laps, the micro-batch timeline, profiler rows (CPU, and kernels kept apart), the
+action log of a pipeline schedule, and the alpha-beta fit of message times."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
-from helpers.measure.timing import ActionLog, Laps, Timeline, clock, profiler_rows
+from helpers.measure.timing import ActionLog, Laps, Timeline, clock, fit_alpha_beta, profiler_rows
 
 
 def test_laps_add_up_each_phase_over_repeats():
@@ -104,3 +105,57 @@ def test_action_log_notes_every_f_i_and_w_of_a_zero_bubble_schedule_and_changes_
     assert compute == sorted((s, a, k) for s in (0, 1) for a in "FIW" for k in (0, 1)), rows
     assert all(start <= end for *_, start, end in rows) and log.take() == []
     assert all(torch.allclose(p.grad, e) for p, e in zip(blocks.parameters(), expected, strict=True))
+
+
+SIZES = [4 * 4**k for k in range(12)]  # 4 B to 16 MiB, as lesson 01's ping-pong
+ALPHA, BETA = 30e-6, 0.4e-9  # 30 us per message, 2.5 GB/s
+
+
+def message_time(n):
+    return ALPHA + n * BETA
+
+
+def test_fit_alpha_beta_recovers_exact_points_from_lists_arrays_and_tensors():
+    import numpy as np
+
+    times = [message_time(n) for n in SIZES]
+    for sizes, seconds in ((SIZES, times), (np.array(SIZES), np.array(times)),
+                           (torch.tensor(SIZES), torch.tensor(times))):
+        alpha, beta = fit_alpha_beta(sizes, seconds)
+        assert type(alpha) is float and type(beta) is float
+        assert alpha == pytest.approx(ALPHA, rel=1e-9) and beta == pytest.approx(BETA, rel=1e-9)
+
+
+def test_fit_alpha_beta_keeps_the_fastest_time_of_each_size():
+    """Every size three times, two of them slowed down (another program took the core): only the fastest counts."""
+    sizes = SIZES * 3
+    seconds = [message_time(n) * slower + wait for slower, wait in ((1.5, 1e-3), (1, 0), (2, 3e-4)) for n in SIZES]
+    assert fit_alpha_beta(sizes, seconds) == pytest.approx((ALPHA, BETA), rel=1e-9)
+
+
+def test_fit_alpha_beta_is_close_on_noisy_points():
+    generator = torch.Generator().manual_seed(0)
+    noise = 1 + 0.1 * torch.rand(len(SIZES), generator=generator, dtype=torch.float64)  # up to 10 % slower
+    alpha, beta = fit_alpha_beta(SIZES, [message_time(n) * e for n, e in zip(SIZES, noise.tolist(), strict=True)])
+    assert alpha == pytest.approx(ALPHA, rel=0.15) and beta == pytest.approx(BETA, rel=0.15)
+
+
+def test_fit_alpha_beta_weighs_each_size_the_same():
+    """The largest message 20 % slow: 1.3 ms of error, 40 times alpha. Relative least squares leaves alpha
+    near its value; plain least squares of t (which this test can tell apart) would lose it."""
+    seconds = [message_time(n) * (1.2 if n == SIZES[-1] else 1) for n in SIZES]
+    alpha, beta = fit_alpha_beta(SIZES, seconds)
+    assert alpha == pytest.approx(ALPHA, rel=0.05), "a large size's error swamped the small sizes"
+    plain = torch.linalg.lstsq(torch.tensor([[1.0, n] for n in SIZES], dtype=torch.float64),
+                               torch.tensor(seconds, dtype=torch.float64)[:, None]).solution.flatten().tolist()
+    assert abs(plain[0] / ALPHA - 1) > 1, f"plain least squares should have lost alpha here, got {plain[0]}"
+
+
+@pytest.mark.parametrize("sizes, seconds, message", [
+    ([4, 16], [1e-5], "2 sizes but 1 times"),
+    ([4, 4, 4], [1e-5, 2e-5, 3e-5], "at least two message sizes"),
+    ([4, 16], [1e-5, 0.0], "times must be positive"),
+], ids=["lengths-differ", "one-size", "zero-time"])
+def test_fit_alpha_beta_refuses_what_it_cannot_fit(sizes, seconds, message):
+    with pytest.raises(ValueError, match=message):
+        fit_alpha_beta(sizes, seconds)

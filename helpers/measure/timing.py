@@ -8,6 +8,9 @@ Two timelines, because they answer different questions:
 * :func:`profiler_rows` reads a ``torch.profiler`` run of one process: every operation, on its thread, which
   shows what ran beside what inside a process (lesson 10: backward and the all-reduces). The profiler's clock
   is its own, so rows from different processes are not on one axis.
+
+:func:`message_seconds` times one message between two ranks, and :func:`fit_alpha_beta` fits lesson 01's
+model of a message, t = alpha + n beta, to such times.
 """
 
 from __future__ import annotations
@@ -184,6 +187,32 @@ def message_seconds(tensor: torch.Tensor, rank: int, peer: int, trips: int = 20)
             dist.send(tensor, peer) if rank == sender else dist.recv(tensor, peer)
         seconds.append((time.perf_counter() - start) / 2)
     return sorted(seconds)[len(seconds) // 2]
+
+
+def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
+    """alpha (seconds per message) and beta (seconds per byte) of t = alpha + n beta, fitted to the fastest
+    time of each message size n so that each size weighs the same (least squares of the relative errors).
+
+    ``sizes`` and ``seconds`` are numbers in matching order (lists, arrays or tensors); a size may come several
+    times (one time per trip), and only its fastest time counts: other work on a machine only ever adds time.
+    Minimising sum(((alpha + n beta - t) / t)^2) is ordinary least squares after dividing each row by its t;
+    plain least squares of t would let the largest messages (the largest errors in seconds) decide alpha.
+    """
+    n_all, t_all = (torch.as_tensor(x, dtype=torch.float64).flatten().tolist() for x in (sizes, seconds))
+    if len(n_all) != len(t_all):
+        raise ValueError(f"{len(n_all)} sizes but {len(t_all)} times")
+    fastest = {}
+    for n, t in zip(n_all, t_all, strict=True):
+        if not t > 0:
+            raise ValueError(f"a message of {n:g} bytes took {t} s: times must be positive")
+        fastest[n] = min(t, fastest.get(n, float("inf")))
+    if len(fastest) < 2:
+        raise ValueError(f"fitting alpha and beta needs at least two message sizes, got {sorted(fastest)}")
+    n, t = (torch.tensor(list(x), dtype=torch.float64) for x in (fastest.keys(), fastest.values()))
+    scale = n.abs().max()  # n / scale keeps both columns near 1 / t: a well-conditioned problem
+    rows = torch.stack([torch.ones_like(n), n / scale], dim=1) / t[:, None]
+    alpha, beta = torch.linalg.lstsq(rows, torch.ones_like(t)[:, None]).solution.flatten().tolist()
+    return alpha, beta / scale.item()
 
 
 def _timed_wait(wait):
