@@ -5,19 +5,21 @@ course's own runs: bytes held by kind, bytes and calls of every collective, FLOP
 the memory at 64 ranks against FSDPMemTracker. What is left: that those checks can fail, each when one term of
 the model is wrong (Adam without its second moment, ZeRO-2 without its whole gradient during backward, FSDP2
 gathering each block once, the MLP's hidden activation saved once, backward priced as one forward), both
-exercise checks failing on their stubs and on plausible wrong answers, and
-the scripts' flag checks (no worker started).
+exercise checks failing on their stubs and on plausible wrong answers, that the time model prices each
+collective at the fit of that kind's own measured times, and the scripts' flag checks (no worker started).
 """
 
 import importlib.util
 import json
 import sys
+import types
 
 import pytest
 from conftest import NOTEBOOKS, refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.launch import run_script
+from helpers.measure.timing import fit_alpha_beta
 from helpers.metrics import read_metrics
 
 NOTEBOOK = "12_choosing_a_layout.ipynb"
@@ -28,7 +30,7 @@ BATCH = 16
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson12")
-    return write_scripts(folder, "09_sharding.ipynb", NOTEBOOK)
+    return write_scripts(folder, "05_pipeline.ipynb", "09_sharding.ipynb", "11_experts_context.ipynb", NOTEBOOK)
 
 
 @pytest.fixture(scope="module")
@@ -41,29 +43,31 @@ def measured(scripts, tmp_path_factory):
     return {r["mode"]: r for r in read_metrics(folder) if "per_rank" in r}
 
 
-def load_model(scripts, old=None, new=None):
-    """layout_model.py as a module, with `old` replaced by `new` in its source (one term made wrong)."""
-    source = scripts["layout_model.py"].read_text()
+def load_model(scripts, old=None, new=None, name="layout_model.py"):
+    """A script of the model (layout_model.py, or layout_traffic.py) as a module, with `old` replaced by `new` in its
+    source (one term made wrong)."""
+    source = scripts[name].read_text()
     if old is not None:
         assert old in source, old
         source = source.replace(old, new)
-    spec = importlib.util.spec_from_loader("layout_model_under_test", loader=None)
+    sys.path.insert(0, str(scripts["zero_bytes.py"].parent))  # lesson 09's zero_bytes; the model beside it
+    spec = importlib.util.spec_from_loader(f"{name[:-3]}_under_test", loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    exec(compile(source, "layout_model.py", "exec"), module.__dict__)
+    exec(compile(source, name, "exec"), module.__dict__)
     return module
 
 
 KINDS = ("param_bytes", "grad_bytes", "grad_peak_bytes", "optimizer_bytes", "activation_bytes")
 
 
-def missed(model, measured):
+def missed(model, measured, traffic=None):
     """{mode: [kind, ...]} the lesson's check would flag: each kind off its prediction by more than 2 %."""
-    shapes, out = model.Shapes(**SMALL), {}
+    shapes, out, traffic = model.Shapes(**SMALL), {}, traffic or importlib.import_module("layout_traffic")
     for mode, record in measured.items():
         got = {k: max(rank[k] for rank in record["per_rank"]) for k in KINDS}
         wrong = model.misses(model.held(shapes, model.layout_of(mode, 2), BATCH), got, {k: 0.02 for k in KINDS})
-        sent = model.sent(shapes, model.layout_of(mode, 2), BATCH)
+        sent = traffic.sent(shapes, model.layout_of(mode, 2), BATCH)
         wrong += [(k, v, record["per_rank"][0]["sent"].get(k)) for k, v in sent.items()
                   if abs(record["per_rank"][0]["sent"].get(k, 0) / v - 1) > 0.02]
         if wrong:
@@ -83,13 +87,13 @@ def test_the_check_fails_when_adam_loses_its_second_moment(scripts, measured):
 
 def test_the_check_fails_when_zero2_forgets_its_whole_gradient_during_backward(scripts, measured):
     model = load_model(scripts, "grad_peak_bytes=b * local / (lay.dp if lay.zero >= 3 else 1)",
-                       "grad_peak_bytes=b * local / zero[2]")
+                       "grad_peak_bytes=b * local / (lay.dp if lay.zero >= 2 else 1)")
     assert missed(model, measured) == {"zero2": ["grad_peak_bytes"]}
 
 
 def test_the_check_fails_when_fsdp_gathers_each_block_once(scripts, measured):
-    model = load_model(scripts, "gathered = 2 * s.blocks", "gathered = s.blocks")
-    assert missed(model, measured) == {"fsdp": ["all-gather"]}
+    traffic = load_model(scripts, "gathered = 2 * s.blocks", "gathered = s.blocks", name="layout_traffic.py")
+    assert missed(load_model(scripts), measured, traffic) == {"fsdp": ["all-gather"]}
 
 
 def test_the_check_fails_when_activations_forget_the_mlps_hidden_output(scripts, measured):
@@ -103,6 +107,162 @@ def test_flops_miss_when_backward_is_counted_as_one_forward(scripts, measured):
         model = load_model(scripts, **source)
         counted = model.flops(model.Shapes(**SMALL), model.Layout(dp=2), BATCH, attention=False)  # CPU: as counted
         assert all((abs(r["per_rank"][0]["flops"] / counted - 1) < 0.005) == right for r in measured.values())
+
+
+def test_the_time_model_prices_each_collective_at_the_fit_of_its_own_measurements(scripts, tmp_path, monkeypatch):
+    """layout_rates.py times every kind of collective among 2 ranks; layout_time's ring formula, fed the alpha and
+    beta fitted there, gives back for one call of each kind the straight-line fit of that kind's measured means
+    (the conversion to the ring's steps and shares is right); a world it did not measure falls back to the
+    machine's own alpha and beta."""
+    run_script(scripts["layout_rates.py"], "--world-size", 2, "--repeats", 3, "--run-dir", tmp_path, timeout=120,
+               echo=False)
+    fits = json.loads((tmp_path / "collectives_2.json").read_text())
+    assert set(fits) == {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "all-to-all", "scatter",
+                         "send/recv"}
+    monkeypatch.syspath_prepend(str(scripts["layout_time.py"].parent))
+    monkeypatch.delitem(sys.modules, "layout_model", raising=False)
+    from layout_time import Machine, collective_seconds
+
+    here = Machine(flops=1.0, bandwidth=1.0, alpha=0.0, beta=0.0,
+                   fitted={(kind, 2): (f["alpha"], f["beta"]) for kind, f in fits.items()})
+    for kind, f in fits.items():
+        a, b = fit_alpha_beta(f["sizes"], f["seconds"])
+        assert all(s >= q > 0 for s, q in zip(f["seconds"], f["fastest"], strict=True)), kind  # mean >= fastest
+        for size in f["sizes"]:
+            assert collective_seconds(kind, 1, size, 2, here) == pytest.approx(a + size * b, rel=1e-9), kind
+        assert collective_seconds(kind, 1, f["sizes"][0], 2, here, world=4) == 0.0  # not measured: alpha = beta = 0
+
+
+SPLIT_FLAGS = ["--steps", 4, "--batch-size", 16, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16]
+
+
+@pytest.fixture(scope="module")
+def split_measured(scripts, tmp_path_factory):
+    """EP (4 experts, top-2) and CP (ring, all-gather) on 2 ranks, by layout_split_measure.py: {mode: record}."""
+    folder = tmp_path_factory.mktemp("lesson12_split")
+    run_script(scripts["layout_split_measure.py"], "--world-size", 2, *SPLIT_FLAGS, "--run-dir", folder,
+               timeout=300, echo=False)
+    return {r["mode"]: r for r in read_metrics(folder) if "per_rank" in r}
+
+
+def split_misses(split, shapes, measured):
+    """{(mode, rank): [what]} the notebook's checks would flag: a kind held off by 2 %, a collective's bytes off by
+    2 % or its calls off, FLOPs off by 0.5 %."""
+    out = {}
+    for mode, record in measured.items():
+        for got in record["per_rank"]:
+            if mode == "ep":
+                args = (shapes, 16, 4, 2, 2, got["routing"])
+                held, traffic, fl = split.experts_held(*args, got["rank"]), split.experts_traffic(*args), \
+                    split.experts_flops(*args)
+            else:
+                method = mode.removeprefix("cp_")
+                held, traffic, fl = (split.context_held(shapes, 16, 2, method),
+                                     split.context_traffic(shapes, 16, 2, method),
+                                     split.context_flops(shapes, 16, 2, method))
+            wrong = [k for k, v in held.items() if k in got and abs(got[k] - v) > 0.02 * max(v, 1)]
+            wrong += [k for k, (c, p) in split.by_kind(traffic).items()
+                      if got["counts"].get(k) != c or abs(got["sent"].get(k, 0) / p - 1) > 0.02]
+            wrong += ["flops"] if abs(got["flops"] / fl - 1) > 0.005 else []
+            if wrong:
+                out[(mode, got["rank"])] = wrong
+    return out
+
+
+def load_split(scripts, monkeypatch, old=None, new=None):
+    """(layout_split.py as a module, `old` replaced by `new` in its source; the notebook's layout_model)."""
+    monkeypatch.syspath_prepend(str(scripts["layout_split.py"].parent))  # layout_split imports layout_model
+    import layout_model
+
+    source = scripts["layout_split.py"].read_text()
+    if old is not None:
+        assert old in source, old
+        source = source.replace(old, new)
+    module = types.ModuleType("layout_split_under_test")
+    exec(compile(source, "layout_split.py", "exec"), module.__dict__)
+    return module, layout_model
+
+
+def test_the_split_model_meets_every_measurement_and_the_proof_holds(scripts, split_measured, monkeypatch):
+    split, model = load_split(scripts, monkeypatch)
+    assert split_misses(split, model.Shapes(**SMALL), split_measured) == {}
+    assert max(r["proof_grad_diff"] for rec in split_measured.values() for r in rec["per_rank"]) < 1e-12
+
+
+def test_the_check_fails_when_the_ring_keeps_the_whole_k_and_v(scripts, split_measured, monkeypatch):
+    split, model = load_split(scripts, monkeypatch, "mine = b * n * (3 * d + 2 * s.kv + h)",
+                              "mine = b * n * (3 * d + 2 * cp * s.kv + h)")
+    assert split_misses(split, model.Shapes(**SMALL), split_measured) == {
+        ("cp_ring", 0): ["activation_bytes"], ("cp_ring", 1): ["activation_bytes"]}
+
+
+def test_the_check_fails_when_ep_is_priced_at_balanced_routing(scripts, split_measured, monkeypatch):
+    """The rows an expert computes follow the router: with the balanced guess for this run's FLOPs, both miss."""
+    split, model = load_split(scripts, monkeypatch)
+    shapes = model.Shapes(**SMALL)
+    for got in split_measured["ep"]["per_rank"]:
+        even = split.balanced(2 * 8 * shapes.seq, 2, shapes.blocks)
+        assert abs(got["flops"] / split.experts_flops(shapes, 16, 4, 2, 2, even) - 1) > 0.005
+
+
+def test_the_proof_fails_when_each_ep_rank_takes_its_loss_for_the_whole_batchs(scripts, tmp_path):
+    """EP sums the gradients over the ranks, so each rank's loss must be its share of the mean: caught in float64."""
+    build = scripts["layout_split_build.py"]
+    source = build.read_text()
+    old = '(loss / world if mode == "ep" else loss).backward()'
+    assert old in source
+    build.write_text(source.replace(old, "loss.backward()"))
+    try:
+        run_script(scripts["layout_split_measure.py"], "--world-size", 2, "--modes", "ep", *SPLIT_FLAGS,
+                   "--run-dir", tmp_path, timeout=300, echo=False)
+    finally:
+        build.write_text(source)
+    record = next(r for r in read_metrics(tmp_path) if "per_rank" in r)
+    assert max(r["proof_grad_diff"] for r in record["per_rank"]) > 1e-3
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--modes", "ep", "--experts", 3], "EP on 2 ranks: 2 must divide --experts and --batch-size"),
+    (["--modes", "cp_ring", "--seq-len", 6], "--seq-len 6 must be a multiple of 4: two zig-zag pieces per rank"),
+], ids=["experts", "zigzag"])
+def test_split_bad_flags_exit_with_a_one_line_error_before_launching(scripts, flags, message):
+    assert message in refusal(scripts["layout_split_measure.py"], *flags)
+
+
+@pytest.fixture(scope="module")
+def pipelined(scripts, tmp_path_factory):
+    """GPipe and 1F1B of a small model in 2 stages with 4 micro-batches, by layout_measure_pp.py: {mode: record}."""
+    folder = tmp_path_factory.mktemp("lesson12_pp")
+    run_script(scripts["layout_measure_pp.py"], "--micro-batches", 4, *SPLIT_FLAGS, "--run-dir", folder, timeout=300,
+               echo=False)
+    return {r["mode"]: r for r in read_metrics(folder) if "per_rank" in r}
+
+
+def stage_misses(model, traffic, pipelined):
+    """{(mode, stage): [kind, ...]} the lesson's pipeline check would flag (2 % bytes, messages exactly)."""
+    out, shapes = {}, model.Shapes(**SMALL)
+    for mode, record in pipelined.items():
+        for stage, got in enumerate(record["per_rank"]):
+            lay = model.Layout(pp=2, micro=4, gpipe=mode == "gpipe", stage=stage)
+            kinds = {k: 0.02 for k in (*KINDS, "buffer_bytes")}
+            wrong = [w[0] for w in model.misses(model.held(shapes, lay, BATCH), got, kinds)]
+            wrong += [] if got["sent"] == traffic.sent(shapes, lay, BATCH) else ["send/recv"]
+            if wrong:
+                out[(mode, stage)] = wrong
+    return out
+
+
+def test_each_pipeline_stage_meets_its_prediction_and_1f1b_is_not_gpipe(scripts, pipelined, monkeypatch):
+    """Both stages of GPipe and 1F1B as predicted; with 1F1B's in-flight count taken as GPipe's (every micro-batch
+    waits), the check flags 1F1B's activations on both stages, and GPipe's stay right."""
+    monkeypatch.syspath_prepend(str(scripts["layout_traffic.py"].parent))
+    import layout_traffic
+
+    assert stage_misses(load_model(scripts), layout_traffic, pipelined) == {}
+    wrong = load_model(scripts, "in_flight = lay.micro if lay.gpipe else min(lay.micro, lay.pp - lay.stage)",
+                       "in_flight = lay.micro")
+    assert stage_misses(wrong, layout_traffic, pipelined) == {("1f1b", 0): ["activation_bytes"],
+                                                               ("1f1b", 1): ["activation_bytes"]}
 
 
 def cell(text):
@@ -159,6 +319,10 @@ def test_exercise_12b_check_fails_on_the_stub_and_on_adding_the_whole_allreduce(
     ("layout_measure.py", ["--checkpointing", 2], "--checkpointing: must be an integer >= 0 and <= 1, got 2"),
     ("layout_fake_tracker.py", ["--dim", 100, "--heads", 3], "--heads 3 must divide --dim 100"),
     ("layout_search.py", ["--models", "405B"], "invalid choice: '405B'"),
-], ids=["single-on-two", "batch", "tp-heads", "checkpointing", "fake-heads", "unknown-model"])
+    ("layout_rates.py", ["--world-size", 0], "--world-size: must be an integer >= 1 and <= 64, got 0"),
+    ("layout_measure_pp.py", ["--blocks", 3], "--blocks 3: the 2 stages take half the blocks each"),
+    ("layout_measure_pp.py", ["--micro-batches", 3], "--micro-batches 3 must divide --batch-size 16"),
+], ids=["single-on-two", "batch", "tp-heads", "checkpointing", "fake-heads", "unknown-model", "rates-world",
+        "pp-blocks", "pp-micro"])
 def test_bad_flags_exit_with_a_one_line_error_before_launching(scripts, script, flags, message):
     assert message in refusal(scripts[script], *flags)
