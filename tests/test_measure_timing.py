@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.measure.timing import ActionLog, Laps, Timeline, clock, fit_alpha_beta, profiler_rows
+from helpers.measure.timing import ActionLog, Laps, OpCount, Timeline, clock, fit_alpha_beta, profiler_rows
 
 
 def test_laps_add_up_each_phase_over_repeats():
@@ -159,3 +159,17 @@ def test_fit_alpha_beta_weighs_each_size_the_same():
 def test_fit_alpha_beta_refuses_what_it_cannot_fit(sizes, seconds, message):
     with pytest.raises(ValueError, match=message):
         fit_alpha_beta(sizes, seconds)
+
+
+def test_op_count_counts_each_operation_once_and_changes_nothing():
+    """Three operations forward; a backward adds its own; the result is the one computed without the count."""
+    a, b = torch.arange(4.0, requires_grad=True), torch.full((4,), 2.0)
+    with OpCount() as ops:
+        out = (a * b + 1).sum()
+    assert ops.count == 3 and out.item() == (torch.arange(4.0) * 2 + 1).sum().item()
+    with OpCount() as more:
+        out.backward()
+    assert more.count > 0 and torch.equal(a.grad, b)
+    with OpCount() as none:
+        pass
+    assert none.count == 0

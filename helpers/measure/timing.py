@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def clock(device: torch.device) -> float:
@@ -213,6 +214,30 @@ def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
     rows = torch.stack([torch.ones_like(n), n / scale], dim=1) / t[:, None]
     alpha, beta = torch.linalg.lstsq(rows, torch.ones_like(t)[:, None]).solution.flatten().tolist()
     return alpha, beta / scale.item()
+
+
+class OpCount(TorchDispatchMode):
+    """A context that counts the operations PyTorch dispatches in it (``count``): each ATen operation a step
+    runs, forward, backward and optimizer, every one of which pays PyTorch's fixed cost of an operation,
+    however few elements it touches. An operation on a ``DTensor`` counts once, and so does each operation it
+    runs on its local shard.
+
+        with OpCount() as ops:
+            loss = model(x).sum()
+        print(ops.count)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        self.count += 1
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented  # DTensor runs it, and its local operations come back here
+        return func(*args, **(kwargs or {}))
 
 
 def _timed_wait(wait):
