@@ -24,6 +24,8 @@ def test_plain_names_of_collective_ops():
     assert plain_name("c10d.allreduce_") == "all-reduce"
     assert plain_name("c10d.barrier") == "c10d.barrier" and kind("c10d.barrier") is None
     assert kind("_c10d_functional.all_to_all_single") == "all-to-all"
+    assert kind("c10d._reduce_scatter_base_") == "reduce-scatter" and kind("c10d.scatter_") == "scatter"
+    assert kind("c10d.send") == kind("c10d.recv_") == kind("c10d.recv_any_source_") == "send/recv"
 
 
 def test_collective_log_records_kind_dtype_and_full_size_bytes(one_rank_group):

@@ -23,15 +23,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 # an operator's name, underscores removed, contains one of these: c10d's allreduce_, _allgather_base_,
-# _reduce_scatter_base_, broadcast_, alltoall_base_; the functional all_reduce, all_gather_into_tensor, ...
+# _reduce_scatter_base_, broadcast_, alltoall_base_, scatter_, send, recv_; the functional all_reduce,
+# all_gather_into_tensor, ... (first match wins: "reducescatter" before "scatter")
 KINDS = (("allreduce", "all-reduce"), ("allgather", "all-gather"), ("reducescatter", "reduce-scatter"),
-         ("broadcast", "broadcast"), ("alltoall", "all-to-all"))
+         ("broadcast", "broadcast"), ("alltoall", "all-to-all"), ("scatter", "scatter"), ("send", "send/recv"),
+         ("recv", "send/recv"))
 NAMESPACES = ("c10d", "_c10d_functional")
 
 
 def kind(op) -> str | None:
     """The plain name of a collective operator (``"all-reduce"``, ``"all-gather"``, ``"reduce-scatter"``,
-    ``"broadcast"``, ``"all-to-all"``), from the operator or its name; ``None`` for anything else."""
+    ``"broadcast"``, ``"all-to-all"``, ``"scatter"``; ``"send/recv"`` for a message either way), from the operator
+    or its name; ``None`` for anything else."""
     text = str(op).replace("_", "")
     return next((name for key, name in KINDS if key in text), None)
 
@@ -51,8 +54,8 @@ class Collective:
 
 
 class CollectiveLog(TorchDispatchMode):
-    """A context that records each all-reduce, all-gather, reduce-scatter, broadcast and all-to-all this
-    process launches.
+    """A context that records each all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and scatter
+    this process launches, and each message it sends or receives (``"send/recv"``, as a pipeline's stages do).
 
     Two ways in, so that none is missed: the operators of PyTorch's dispatcher (``c10d`` and
     ``_c10d_functional``), which every collective goes through, seen by this dispatch mode in the thread that
@@ -60,7 +63,8 @@ class CollectiveLog(TorchDispatchMode):
     and ``torch.distributed.all_reduce`` itself, replaced while the context is open, for all-reduces that a
     communication hook starts from a completion callback on another thread (PowerSGD does). A record's
     ``bytes`` is the payload on the full-size side: the tensors all-reduced or broadcast, the tensor an
-    all-gather fills, the tensor a reduce-scatter splits.
+    all-gather fills, the tensor a reduce-scatter splits, the tensors a scatter's root
+    hands out, the tensor a message carries.
 
     ``records`` is the list of :class:`Collective`; :meth:`counts` and :meth:`bytes` sum them by kind.
     """
