@@ -161,7 +161,7 @@ def split_misses(split, shapes, measured):
                                      split.context_traffic(shapes, 16, 2, method),
                                      split.context_flops(shapes, 16, 2, method))
             wrong = [k for k, v in held.items() if k in got and abs(got[k] - v) > 0.02 * max(v, 1)]
-            wrong += [k for k, (c, p) in split.by_kind(traffic).items()
+            wrong += [k for k, (c, p) in importlib.import_module("layout_traffic").by_kind(traffic).items()
                       if got["counts"].get(k) != c or abs(got["sent"].get(k, 0) / p - 1) > 0.02]
             wrong += ["flops"] if abs(got["flops"] / fl - 1) > 0.005 else []
             if wrong:
