@@ -1,4 +1,4 @@
-"""Starting several launchers at once, each line of their output behind its prefix (lesson 08's two nodes).
+"""Starting several launchers at once, each line of their output behind its prefix (lesson 09's two nodes).
 
 What a run's processes spend and open (listening sockets, stack dumps) is measured in
 :mod:`helpers.measure.process`.

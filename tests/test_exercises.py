@@ -282,18 +282,18 @@ def test_a_stalled_rpc_ends_in_one_line_within_the_rpc_timeout(tmp_path):
 
 
 @pytest.mark.parametrize("exercise, notebook, script, old, new", [
-    ("08a", "08_scaling_faults.ipynb", "resumable.py", "torch.save(state, f)",
+    ("09a", "09_scaling_faults.ipynb", "resumable.py", "torch.save(state, f)",
      'torch.save({**state, "model": {k: v * float("nan") for k, v in state["model"].items()}}, f)'),
-    ("09a", "09_sharding.ipynb", "zero2_train.py", "shard.grad /= world", 'shard.grad *= float("nan")'),
-    ("10a", "10_one_step.ipynb", "step_accumulate.py", "yi.flatten()) / k", 'yi.flatten()) * float("nan")'),
-], ids=["08a", "09a", "10a"])
+    ("10a", "10_sharding.ipynb", "zero2_train.py", "shard.grad /= world", 'shard.grad *= float("nan")'),
+    ("12a", "12_one_step.ipynb", "step_accumulate.py", "yi.flatten()) / k", 'yi.flatten()) * float("nan")'),
+], ids=["09a", "10a", "12a"])
 def test_a_nan_answer_fails_its_check(tmp_path, monkeypatch, exercise, notebook, script, old, new):
     from conftest import write_scripts
 
     monkeypatch.setenv("COURSE_RUNS", str(tmp_path / "runs"))
-    flags = {"08a": ["--check", "--steps", 30, "--checkpoint-every", 5, "--kill-in-save", 20],
-             "09a": ["--world-size", 2, "--steps", 2, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16],
-             "10a": ["--world-size", 2, "--steps", 2, "--micro-steps", 2, "--batch-size", 8, "--dim", 32,
+    flags = {"09a": ["--check", "--steps", 30, "--checkpoint-every", 5, "--kill-in-save", 20],
+             "10a": ["--world-size", 2, "--steps", 2, "--dim", 32, "--hidden", 64, "--blocks", 2, "--seq-len", 16],
+             "12a": ["--world-size", 2, "--steps", 2, "--micro-steps", 2, "--batch-size", 8, "--dim", 32,
                      "--hidden", 64]}[exercise]
     path = write_scripts(tmp_path, notebook)[script]
     path.write_text(replace_solution(path.read_text(), exercise, old, new))
@@ -366,18 +366,18 @@ def test_an_in_notebook_check_is_bounded_and_names_the_threads_that_did_not_fini
 
 
 def test_06a_update_taking_its_lock_twice_ends_in_one_line(tmp_path):
-    """Lesson 06's own check, unchanged, on an update() that calls read() inside `with self.lock:`."""
-    cells = [c for c in json.loads((NOTEBOOKS / "06_parameter_server.ipynb").read_text())["cells"]
+    """Lesson 07's own check, unchanged, on an update() that calls read() inside `with self.lock:`."""
+    cells = [c for c in json.loads((NOTEBOOKS / "07_parameter_server.ipynb").read_text())["cells"]
              if c["cell_type"] == "code"]
     store = next("".join(c["source"]) for c in cells if "class VersionedWeights" in "".join(c["source"]))
     proof = next("".join(c["source"]) for c in cells if "def versioned_update_problem" in "".join(c["source"]))
-    checked = next("".join(c["source"]) for c in cells if 'check("06a"' in "".join(c["source"]))
-    wrong = replace_solution(store, "06a", "staleness = self.version - version", "staleness = self.read()[0] - version")
+    checked = next("".join(c["source"]) for c in cells if 'check("07a"' in "".join(c["source"]))
+    wrong = replace_solution(store, "07a", "staleness = self.version - version", "staleness = self.read()[0] - version")
     out, seconds = run_cell("import torch\n" + "\n".join([wrong, proof, checked]), tmp_path,
                             env={"COURSE_EXERCISE_TIMEOUT": "5"})
     line = out.strip().splitlines()[-1]
     print(f"{seconds:.1f} s: {line}")
-    assert line.startswith("Exercise 06a: did not finish within 5 s: "), line  # which thread waits where: by chance
+    assert line.startswith("Exercise 07a: did not finish within 5 s: "), line  # which thread waits where: by chance
     assert "thread Thread-1 (trainer) waits in `with self.lock:` (`read`, line 17 of its cell, called from `update`)" \
         in line.replace("Thread-2", "Thread-1").replace("Thread-3", "Thread-1").replace("Thread-4", "Thread-1"), line
     assert line.endswith(". Likely cause: `update` holds self.lock and calls `read`, which takes it again: a "
@@ -407,7 +407,7 @@ def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
 
 def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path):
     """Real nbgrader on the course directory `python -m helpers.exercises --nbgrader` writes (the cells the checks
-    need, so that autograding takes seconds): generate_assignment of lessons 01 and 09, then autograde of the
+    need, so that autograding takes seconds): generate_assignment of lessons 01 and 10, then autograde of the
     reference solutions, of the release version, and of lesson 01 with exercise 01a wrong."""
     import os
     import shutil
@@ -420,8 +420,8 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
 
     start = time.perf_counter()
     course = tmp_path / "course"
-    lessons = {"01_collectives": ["01a", "01b"], "09_sharding": ["09a", "09b"]}
-    assert main(["--nbgrader", str(course), "--lessons", "01", "09", "--checks-only"]) == 0
+    lessons = {"01_collectives": ["01a", "01b"], "10_sharding": ["10a", "10b"]}
+    assert main(["--nbgrader", str(course), "--lessons", "01", "10", "--checks-only"]) == 0
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "COURSE_RUNS": str(tmp_path / "runs"), **SHORT}
 

@@ -2,8 +2,8 @@
 
 * ``timing``: time. ``clock`` and ``Laps`` (seconds per phase, waiting for the GPU); ``Timeline`` (when each
   micro-batch ran forward and backward, in wall-clock seconds that processes share: lesson 05);
-  ``profiler_rows`` (a ``torch.profiler`` run as rows to draw: lesson 10); ``OpCount`` (the operations a step
-  dispatches: lesson 12); ``fit_alpha_beta`` (lesson 01's fit of a message's latency and bandwidth).
+  ``profiler_rows`` (a ``torch.profiler`` run as rows to draw: lesson 12); ``OpCount`` (the operations a step
+  dispatches: lesson 15); ``fit_alpha_beta`` (lesson 01's fit of a message's latency and bandwidth).
 * ``memory``: bytes. What tensors hold on a rank (``local_bytes``, ``storage_bytes``, ``optimizer_bytes``),
   what autograd saves for backward (``SavedTensorBytes``), the CUDA allocator's peak (``peak_memory``).
 * ``comms``: collectives. ``CollectiveLog`` records each one a process launches (kind, dtype, payload

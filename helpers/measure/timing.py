@@ -6,7 +6,7 @@ Two timelines, because they answer different questions:
   time (``time.time()``), which every process on a machine shares: lesson 05 draws the stages of a pipeline,
   each in its own process, on one time axis.
 * :func:`profiler_rows` reads a ``torch.profiler`` run of one process: every operation, on its thread, which
-  shows what ran beside what inside a process (lesson 10: backward and the all-reduces). The profiler's clock
+  shows what ran beside what inside a process (lesson 12: backward and the all-reduces). The profiler's clock
   is its own, so rows from different processes are not on one axis.
 
 :func:`message_seconds` times one message between two ranks, and :func:`fit_alpha_beta` fits lesson 01's

@@ -1,4 +1,4 @@
-"""Lesson 12 (choosing a layout): what the notebook does not check itself.
+"""Lesson 15 (choosing a layout): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, assert every term of the model against the
 course's own runs: bytes held by kind, bytes and calls of every collective, FLOPs against FlopCounterMode, and
@@ -22,21 +22,21 @@ from helpers.launch import run_script
 from helpers.measure.timing import fit_alpha_beta
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "12_choosing_a_layout.ipynb"
+NOTEBOOK = "15_choosing_a_layout.ipynb"
 SMALL = dict(vocab=64, seq=16, dim=32, heads=4, hidden=64, blocks=2)
 BATCH = 16
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson12")
-    return write_scripts(folder, "05_pipeline.ipynb", "09_sharding.ipynb", "11_experts_context.ipynb", NOTEBOOK)
+    folder = tmp_path_factory.mktemp("lesson15")
+    return write_scripts(folder, "05_pipeline.ipynb", "10_sharding.ipynb", "13_experts_context.ipynb", NOTEBOOK)
 
 
 @pytest.fixture(scope="module")
 def measured(scripts, tmp_path_factory):
     """DDP, ZeRO-1, ZeRO-2 and FSDP2 of a small model on 2 ranks, measured by layout_measure.py: {mode: record}."""
-    folder = tmp_path_factory.mktemp("lesson12_runs")
+    folder = tmp_path_factory.mktemp("lesson15_runs")
     run_script(scripts["layout_measure.py"], "--world-size", 2, "--modes", "ddp", "zero1", "zero2", "fsdp",
                "--steps", 4, "--batch-size", BATCH, "--dim", SMALL["dim"], "--hidden", SMALL["hidden"],
                "--blocks", SMALL["blocks"], "--seq-len", SMALL["seq"], "--run-dir", folder, timeout=300, echo=False)
@@ -50,7 +50,7 @@ def load_model(scripts, old=None, new=None, name="layout_model.py"):
     if old is not None:
         assert old in source, old
         source = source.replace(old, new)
-    sys.path.insert(0, str(scripts["zero_bytes.py"].parent))  # lesson 09's zero_bytes; the model beside it
+    sys.path.insert(0, str(scripts["zero_bytes.py"].parent))  # lesson 10's zero_bytes; the model beside it
     spec = importlib.util.spec_from_loader(f"{name[:-3]}_under_test", loader=None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
@@ -139,7 +139,7 @@ SPLIT_FLAGS = ["--steps", 4, "--batch-size", 16, "--dim", 32, "--hidden", 64, "-
 @pytest.fixture(scope="module")
 def split_measured(scripts, tmp_path_factory):
     """EP (4 experts, top-2) and CP (ring, all-gather) on 2 ranks, by layout_split_measure.py: {mode: record}."""
-    folder = tmp_path_factory.mktemp("lesson12_split")
+    folder = tmp_path_factory.mktemp("lesson15_split")
     run_script(scripts["layout_split_measure.py"], "--world-size", 2, *SPLIT_FLAGS, "--run-dir", folder,
                timeout=300, echo=False)
     return {r["mode"]: r for r in read_metrics(folder) if "per_rank" in r}
@@ -232,7 +232,7 @@ def test_split_bad_flags_exit_with_a_one_line_error_before_launching(scripts, fl
 @pytest.fixture(scope="module")
 def pipelined(scripts, tmp_path_factory):
     """GPipe and 1F1B of a small model in 2 stages with 4 micro-batches, by layout_measure_pp.py: {mode: record}."""
-    folder = tmp_path_factory.mktemp("lesson12_pp")
+    folder = tmp_path_factory.mktemp("lesson15_pp")
     run_script(scripts["layout_measure_pp.py"], "--micro-batches", 4, *SPLIT_FLAGS, "--run-dir", folder, timeout=300,
                echo=False)
     return {r["mode"]: r for r in read_metrics(folder) if "per_rank" in r}
@@ -286,29 +286,29 @@ def test_exercise_12a_check_fails_on_the_stub_and_on_wrong_formulas(scripts, mea
     runs = {(mode, 2, False): record for mode, record in measured.items()}
     space = lambda: dict(runs=runs, TINY=model.Shapes(**SMALL), measured_held=lambda r: {  # noqa: E731
         k: max(rank[k] for rank in r["per_rank"]) for k in KINDS})
-    solution, checker = cell("# Exercise 12a"), cell('check("12a"')
-    assert run_exercise(solution, checker, space()).startswith("Exercise 12a: every kind")
-    with pytest.raises(ExerciseFailed, match="^Exercise 12a: not written yet"):
+    solution, checker = cell("# Exercise 15a"), cell('check("15a"')
+    assert run_exercise(solution, checker, space()).startswith("Exercise 15a: every kind")
+    with pytest.raises(ExerciseFailed, match="^Exercise 15a: not written yet"):
         run_exercise(stub(solution), checker, space())
-    one_moment = replace_solution(solution, "12a", '"optimizer_bytes": 2 * b', '"optimizer_bytes": b')
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 12a: ddp on 2 rank\(s\): optimizer_bytes MEASURED "):
+    one_moment = replace_solution(solution, "15a", '"optimizer_bytes": 2 * b', '"optimizer_bytes": b')
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 15a: ddp on 2 rank\(s\): optimizer_bytes MEASURED "):
         run_exercise(one_moment, checker, space())
-    zero2_whole = replace_solution(solution, "12a", '(2, ("zero2", "fsdp"))', '(2, ("fsdp",))')
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 12a: zero2 on 2 rank\(s\): grad_bytes MEASURED 43,648 "):
+    zero2_whole = replace_solution(solution, "15a", '(2, ("zero2", "fsdp"))', '(2, ("fsdp",))')
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 15a: zero2 on 2 rank\(s\): grad_bytes MEASURED 43,648 "):
         run_exercise(zero2_whole, checker, space())
 
 
 def test_exercise_12b_check_fails_on_the_stub_and_on_adding_the_whole_allreduce():
-    solution, checker = cell("# Exercise 12b"), cell('check("12b"')  # the check cell holds its cases
-    assert run_exercise(solution, checker, {}).startswith("Exercise 12b: all 3 cases")
-    with pytest.raises(ExerciseFailed, match="^Exercise 12b: not written yet"):
+    solution, checker = cell("# Exercise 15b"), cell('check("15b"')  # the check cell holds its cases
+    assert run_exercise(solution, checker, {}).startswith("Exercise 15b: all 3 cases")
+    with pytest.raises(ExerciseFailed, match="^Exercise 15b: not written yet"):
         run_exercise(stub(solution), checker, {})
-    whole = replace_solution(solution, "12b", new="return forward + backward + sum(allreduces) + optimizer")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 12b: 4 quick buckets: only the last shows .*expected 5.5 s, "
+    whole = replace_solution(solution, "15b", new="return forward + backward + sum(allreduces) + optimizer")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 15b: 4 quick buckets: only the last shows .*expected 5.5 s, "
                                              r"got 7.0$"):
         run_exercise(whole, checker, {})
-    no_queue = replace_solution(solution, "12b", "done = max(ready, done) + seconds", "done = ready + seconds")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 12b: 2 slow buckets: they queue .*expected 7.0 s, got 5.0$"):
+    no_queue = replace_solution(solution, "15b", "done = max(ready, done) + seconds", "done = ready + seconds")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 15b: 2 slow buckets: they queue .*expected 7.0 s, got 5.0$"):
         run_exercise(no_queue, checker, {})
 
 

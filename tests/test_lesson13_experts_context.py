@@ -1,4 +1,4 @@
-"""Lesson 11 (experts over all-to-all, attention over a ring): what the notebook does not check itself.
+"""Lesson 13 (experts over all-to-all, attention over a ring): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the
 mixture-of-experts layer equal to one process (outputs and the gradients of tokens, router and experts) with
@@ -22,12 +22,12 @@ from conftest import NOTEBOOKS, check_source, refusal, write_scripts
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.launch import ScriptError, run_script
 
-NOTEBOOK = "11_experts_context.ipynb"
+NOTEBOOK = "13_experts_context.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    return write_scripts(tmp_path_factory.mktemp("lesson11"), NOTEBOOK)
+    return write_scripts(tmp_path_factory.mktemp("lesson13"), NOTEBOOK)
 
 
 def cell(text):
@@ -48,39 +48,39 @@ def run_exercise(exercise_cell, check_cell):
 
 
 def test_exercise_11a_check_fails_on_the_stub_and_on_wrong_dispatches():
-    solution, checker = cell("# Exercise 11a"), cell('check("11a"')
-    assert run_exercise(solution, checker).startswith("Exercise 11a: ")
-    with pytest.raises(ExerciseFailed, match="^Exercise 11a: not written yet"):
+    solution, checker = cell("# Exercise 13a"), cell('check("13a"')
+    assert run_exercise(solution, checker).startswith("Exercise 13a: ")
+    with pytest.raises(ExerciseFailed, match="^Exercise 13a: not written yet"):
         run_exercise(stub(solution), checker)
-    modulo = replace_solution(solution, "11a", "experts // experts_per_rank", "experts % experts_per_rank")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11a: 2 ranks x 2 experts.*splits \[\d+, \d+\], expected "
+    modulo = replace_solution(solution, "13a", "experts // experts_per_rank", "experts % experts_per_rank")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13a: 2 ranks x 2 experts.*splits \[\d+, \d+\], expected "
                                              r"\[\d+, \d+\] \(slots for each rank\)$"):
         run_exercise(modulo, checker)
-    no_minlength = replace_solution(solution, "11a", ", minlength=world_size", "")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11a: 4 ranks x 1 experts.*splits \[2, 1, 1\], "
+    no_minlength = replace_solution(solution, "13a", ", minlength=world_size", "")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13a: 4 ranks x 1 experts.*splits \[2, 1, 1\], "
                                              r"expected \[2, 1, 1, 0\]"):
         run_exercise(no_minlength, checker)
-    by_rank_only = replace_solution(solution, "11a", "torch.sort(experts, stable=True)",
+    by_rank_only = replace_solution(solution, "13a", "torch.sort(experts, stable=True)",
                                     "torch.sort(experts // experts_per_rank, stable=True)")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11a: .*position \d+ of the order sends slot \d+ "
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13a: .*position \d+ of the order sends slot \d+ "
                                              r"\(expert \d\) .*not grouped by expert in order$"):
         run_exercise(by_rank_only, checker)
 
 
 def test_exercise_11b_check_fails_on_the_stub_and_on_merges_without_the_log_sum_exp(scripts, monkeypatch):
     monkeypatch.syspath_prepend(str(scripts["context_blocks.py"].parent))  # the check uses context_blocks
-    solution, checker = cell("# Exercise 11b"), cell('check("11b"')
-    assert run_exercise(solution, checker).startswith("Exercise 11b: ")
-    with pytest.raises(ExerciseFailed, match="^Exercise 11b: not written yet"):
+    solution, checker = cell("# Exercise 13b"), cell('check("13b"')
+    assert run_exercise(solution, checker).startswith("Exercise 13b: ")
+    with pytest.raises(ExerciseFailed, match="^Exercise 13b: not written yet"):
         run_exercise(stub(solution), checker)
-    average = replace_solution(solution, "11b", new="return (out_a + out_b) / 2, torch.maximum(lse_a, lse_b)")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11b: full, keys cut at 3: out element \[0, 0, \d\]: "
+    average = replace_solution(solution, "13b", new="return (out_a + out_b) / 2, torch.maximum(lse_a, lse_b)")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13b: full, keys cut at 3: out element \[0, 0, \d\]: "
                                              r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of 32 elements differ\)$"):
         run_exercise(average, checker)
-    unnormalised = replace_solution(solution, "11b", "torch.exp(lse_a - lse)[..., None] * out_a + "
+    unnormalised = replace_solution(solution, "13b", "torch.exp(lse_a - lse)[..., None] * out_a + "
                                     "torch.exp(lse_b - lse)[..., None] * out_b",
                                     "torch.exp(lse_a)[..., None] * out_a + torch.exp(lse_b)[..., None] * out_b")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11b: full, keys cut at 3: out element"):
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13b: full, keys cut at 3: out element"):
         run_exercise(unnormalised, checker)
 
 
@@ -175,20 +175,20 @@ def test_exercise_11c_check_fails_on_the_stub_on_unswapped_axes_and_without_the_
     solution = scripts["context_ulysses.py"].read_text()
     path = scripts["context_ulysses.py"].with_name("ulysses_attempt.py")  # beside context_blocks.py
     flags = ("--world-size", 2, "--run-dir", tmp_path)
-    assert "equals full attention" in check_source("11c", path, solution, *flags, timeout=120)
-    with pytest.raises(ExerciseFailed, match="^Exercise 11c: not written yet"):
-        check_source("11c", path, stub(solution), *flags, timeout=120)
+    assert "equals full attention" in check_source("13c", path, solution, *flags, timeout=120)
+    with pytest.raises(ExerciseFailed, match="^Exercise 13c: not written yet"):
+        check_source("13c", path, stub(solution), *flags, timeout=120)
     # the heads and sequence axes left unswapped: a source rank taken for a head
-    mixed = replace_solution(solution, "11c", "arrived.transpose(0, 1).reshape(heads // world,",
+    mixed = replace_solution(solution, "13c", "arrived.transpose(0, 1).reshape(heads // world,",
                              "arrived.reshape(heads // world,")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11c: rank \d, full, output element \[\d+, \d+, \d+\]: "
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13c: rank \d, full, output element \[\d+, \d+, \d+\]: "
                                              r"expected -?[\d.e-]+, got -?[\d.e-]+ \(\d+ of \d+ elements differ\)$"):
-        check_source("11c", path, mixed, *flags, timeout=120)
+        check_source("13c", path, mixed, *flags, timeout=120)
     # the second all-to-all missing: the rank's own heads, cut into chunks, taken for every head of its chunk
-    one_way = replace_solution(solution, "11c", "exchange(t.reshape(heads, world, seq // world, dim).transpose(0, 1))",
+    one_way = replace_solution(solution, "13c", "exchange(t.reshape(heads, world, seq // world, dim).transpose(0, 1))",
                                "t.reshape(heads, world, seq // world, dim).transpose(0, 1)")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 11c: rank \d, full, output element"):
-        check_source("11c", path, one_way, *flags, timeout=120)
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 13c: rank \d, full, output element"):
+        check_source("13c", path, one_way, *flags, timeout=120)
 def test_balance_loss_gradient_lowers_the_busiest_experts_probability(balance_loss):
     logits = torch.randn(32, 4, generator=torch.Generator().manual_seed(0)).requires_grad_()
     probs = logits.softmax(1)

@@ -1,4 +1,4 @@
-"""Lesson 08 (scaling out, surviving faults): what the notebook cannot show safely, and the batch script.
+"""Lesson 09 (scaling out, surviving faults): what the notebook cannot show safely, and the batch script.
 
 The two-node equality, the kill-and-resume run and the collective mismatch run in the notebook itself (quick
 profile), with their check cells; here: the kill in the middle of a save, the batch script, the bad flags.
@@ -16,7 +16,7 @@ from conftest import refusal, run_in_this_process, write_scripts
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
 from helpers.launch import ScriptError, run_script
 
-NOTEBOOK = "08_scaling_faults.ipynb"
+NOTEBOOK = "09_scaling_faults.ipynb"
 TRAIN = ["--world-size", 2, "--steps", 20, "--checkpoint-every", 10, "--batch-size", 32, "--train-samples", 512,
          "--seed", 3, "--backend", "gloo", "--device", "cpu"]
 
@@ -51,8 +51,8 @@ runpy.run_path(script, run_name="__main__")
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    """Lesson 08's scripts next to lesson 02's, which elastic_mnist.py imports its model from."""
-    folder = tmp_path_factory.mktemp("lesson08")
+    """Lesson 09's scripts next to lesson 02's, which elastic_mnist.py imports its model from."""
+    folder = tmp_path_factory.mktemp("lesson09")
     write_scripts(folder, "02_ddp.ipynb", NOTEBOOK)
     (folder / "die_in_save.py").write_text(DIE_IN_SAVE)
     return folder
@@ -146,20 +146,20 @@ RESUME = ["--check", "--steps", 30, "--checkpoint-every", 5, "--kill-in-save", 2
 
 
 def check_resumable(scripts, tmp_path, source):
-    """Exercise 08a's check on `source` in place of resumable.py (killed while saving step 20, resumed)."""
+    """Exercise 09a's check on `source` in place of resumable.py (killed while saving step 20, resumed)."""
     path = tmp_path / "resumable.py"
     path.write_text(source)
-    return check_script("08a", path, *RESUME, "--run-dir", tmp_path / "run", timeout=120, echo=False)
+    return check_script("09a", path, *RESUME, "--run-dir", tmp_path / "run", timeout=120, echo=False)
 
 
 def test_exercise_08a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
     source = (scripts / "resumable.py").read_text()
     assert "resumed from step 15" in check_resumable(scripts, tmp_path, source)
-    with pytest.raises(ExerciseFailed, match="^Exercise 08a: not written yet"):
+    with pytest.raises(ExerciseFailed, match="^Exercise 09a: not written yet"):
         check_resumable(scripts, tmp_path, stub(source))
-    not_atomic = replace_solution(source, "08a", 'path.with_name(path.name + ".partial")', "path")
+    not_atomic = replace_solution(source, "09a", 'path.with_name(path.name + ".partial")', "path")
     with pytest.raises(ExerciseFailed, match=r"step_000020\.pt is broken .*: the save killed midway"):
         check_resumable(scripts, tmp_path, not_atomic)
-    oldest = replace_solution(source, "08a", "paths[-1]", "paths[0]")
+    oldest = replace_solution(source, "09a", "paths[-1]", "paths[0]")
     with pytest.raises(ExerciseFailed, match="resumed from step 5, expected 15"):
         check_resumable(scripts, tmp_path, oldest)

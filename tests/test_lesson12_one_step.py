@@ -1,8 +1,8 @@
-"""Lesson 10 (one step at scale): what the notebook does not check itself.
+"""Lesson 12 (one step at scale): what the notebook does not check itself.
 
 The notebook's check cells, run by nbmake in the quick profile, assert every claim of its runs: the bytes of
 a step and how activations grow, checkpointing's saved bytes and equal gradients, accumulation with no_sync
-equal to one process with its all-reduces counted (exercise 10a: its check is shown
+equal to one process with its all-reduces counted (exercise 12a: its check is shown
 failing here), bfloat16's bytes per collective and loss, one all-reduce
 per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
 bytes per rank to 64 ranks with the fake process group, the compiled DDP step (one graph per bucket, equal
@@ -18,12 +18,12 @@ from conftest import check_source, refusal, run_in_this_process, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 
-NOTEBOOK = "10_one_step.ipynb"
+NOTEBOOK = "12_one_step.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson10")
+    folder = tmp_path_factory.mktemp("lesson12")
     return write_scripts(folder, NOTEBOOK)
 
 
@@ -71,21 +71,21 @@ ACCUMULATE = ["--world-size", 2, "--steps", 2, "--micro-steps", 2, "--batch-size
 
 
 def check_accumulate(scripts, tmp_path, source):
-    """Exercise 10a's check on `source` in place of step_accumulate.py (2 ranks, 2 steps of 2 micro-batches)."""
+    """Exercise 12a's check on `source` in place of step_accumulate.py (2 ranks, 2 steps of 2 micro-batches)."""
     path = scripts["step_accumulate.py"].with_name("accumulate_under_test.py")  # beside step_model.py
-    return check_source("10a", path, source, *ACCUMULATE, "--run-dir", tmp_path)
+    return check_source("12a", path, source, *ACCUMULATE, "--run-dir", tmp_path)
 
 
 def test_exercise_10a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
     source = scripts["step_accumulate.py"].read_text()
     assert "equal one process's steps" in check_accumulate(scripts, tmp_path, source)
-    with pytest.raises(ExerciseFailed, match="^Exercise 10a: not written yet"):
+    with pytest.raises(ExerciseFailed, match="^Exercise 12a: not written yet"):
         check_accumulate(scripts, tmp_path, stub(source))
-    always_sync = replace_solution(source, "10a", "model.no_sync() if i < k - 1 else contextlib.nullcontext()",
+    always_sync = replace_solution(source, "12a", "model.no_sync() if i < k - 1 else contextlib.nullcontext()",
                                    "contextlib.nullcontext()")
     with pytest.raises(ExerciseFailed, match=r"rank \d ran \d+ all-reduces in optimizer step 1, expected \d+: one per"):
         check_accumulate(scripts, tmp_path, always_sync)
-    no_mean = replace_solution(source, "10a", "yi.flatten()) / k", "yi.flatten())")
+    no_mean = replace_solution(source, "12a", "yi.flatten()) / k", "yi.flatten())")
     with pytest.raises(ExerciseFailed, match=r"rank \d weights element \[\d+\]: expected .*, got"):
         check_accumulate(scripts, tmp_path, no_mean)
 

@@ -1,11 +1,11 @@
-"""Lesson 07: DDP and RPC together (ddp_rpc.py) and its single-process baseline (ddp_rpc_single_process.py).
+"""Lesson 08: DDP and RPC together (ddp_rpc.py) and its single-process baseline (ddp_rpc_single_process.py).
 
 The notebook runs both scripts with both dense layers and its check cell asserts each claim of the lesson on
 those runs (every epoch logged, the loss halved, identical replicas that moved, nothing left in .grad, the
 table changed, the same start as the baseline, a bit-identical repeat, the cdopt layer feasible and the plain
 one not); a second launch of the same runs here would check nothing more. These tests cover what the
 notebook does not: bad input it does not show, where the trainers are placed on machines with 0, 1, 2 or
-8 GPUs, a run with --async-updates, and exercise 07a's check failing on its stub and on two wrong forwards.
+8 GPUs, a run with --async-updates, and exercise 08a's check failing on its stub and on two wrong forwards.
 """
 
 import importlib
@@ -17,12 +17,12 @@ from helpers.exercises import ExerciseFailed, check_script, replace_solution, st
 from helpers.launch import pick_backend, run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "07_ddp_rpc.ipynb"
+NOTEBOOK = "08_ddp_rpc.ipynb"
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson07")
+    folder = tmp_path_factory.mktemp("lesson08")
     write_scripts(folder, NOTEBOOK)
     return folder
 
@@ -72,7 +72,7 @@ FORWARD = ["--batch-size", 8, "--num-ids", 40, "--dim", 8]
 
 def check_07a(scripts, source):
     (scripts / "ddp_rpc_forward.py").write_text(source)
-    return check_script("07a", scripts / "ddp_rpc_forward.py", *FORWARD, timeout=120, echo=False)
+    return check_script("08a", scripts / "ddp_rpc_forward.py", *FORWARD, timeout=120, echo=False)
 
 
 @pytest.fixture
@@ -83,19 +83,19 @@ def forward_source(scripts):
 
 
 def test_exercise_07a_check_fails_on_the_stub(scripts, forward_source):
-    with pytest.raises(ExerciseFailed, match="^Exercise 07a: not written yet"):
+    with pytest.raises(ExerciseFailed, match="^Exercise 08a: not written yet"):
         check_07a(scripts, stub(forward_source))
 
 
 def test_exercise_07a_check_fails_when_the_forward_skips_ddp(scripts, forward_source):
     # the module inside the DDP wrapper computes the same logits, but nothing all-reduces its gradients
-    wrong = replace_solution(forward_source, "07a", "logits = dense(vectors", "logits = dense.module(vectors")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 07a: trainer\d dense weight gradient \(the whole batch's, "
+    wrong = replace_solution(forward_source, "08a", "logits = dense(vectors", "logits = dense.module(vectors")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 08a: trainer\d dense weight gradient \(the whole batch's, "
                                              r"averaged by DDP\) element \[\d+, \d+\]: expected .*, got "):
         check_07a(scripts, wrong)
 
 
 def test_exercise_07a_check_fails_on_a_summed_loss(scripts, forward_source):
-    wrong = replace_solution(forward_source, "07a", "labels.to(device))", "labels.to(device), reduction=\"sum\")")
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 07a: trainer\d loss of its half element \[\]: expected "):
+    wrong = replace_solution(forward_source, "08a", "labels.to(device))", "labels.to(device), reduction=\"sum\")")
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 08a: trainer\d loss of its half element \[\]: expected "):
         check_07a(scripts, wrong)

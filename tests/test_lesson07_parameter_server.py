@@ -1,4 +1,4 @@
-"""Lesson 06: the RPC parameter server (rpc_ps.py) and the synchronous one (sync_ps.py), run for real.
+"""Lesson 07: the RPC parameter server (rpc_ps.py) and the synchronous one (sync_ps.py), run for real.
 
 The notebook's quick run checks its own runs (the naive race, the versioned server with 1 and 2 trainers
 and its eval mode, the evaluator's checkpoints, fp16 bytes, lockstep and backup workers, one bad flag of
@@ -19,14 +19,14 @@ from helpers.exercises import ExerciseFailed, check, replace_solution, stub
 from helpers.launch import run_script
 from helpers.metrics import read_metrics
 
-NOTEBOOK = "06_parameter_server.ipynb"
+NOTEBOOK = "07_parameter_server.ipynb"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
 STEPS, EVAL_FREQ, SLOW_MS = 16, 4, 30
 
 
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("lesson06_scripts")
+    folder = tmp_path_factory.mktemp("lesson07_scripts")
     write_scripts(folder, NOTEBOOK)
     return folder
 
@@ -150,11 +150,11 @@ def test_bad_flags_are_refused_in_one_line_before_spawning(modules, script, flag
 
 
 def exercise_06a_cells():
-    """The source of exercise 06a's cell and of the cell that checks it, from the notebook."""
+    """The source of exercise 07a's cell and of the cell that checks it, from the notebook."""
     cells = ["".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parent.parent / "notebooks" / NOTEBOOK).read_text())["cells"]
         if c["cell_type"] == "code"]
-    exercise = next(c for c in cells if "# Exercise 06a:" in c)
+    exercise = next(c for c in cells if "# Exercise 07a:" in c)
     harness = next(c for c in cells if "def versioned_update_problem" in c)
     return exercise, harness
 
@@ -162,13 +162,13 @@ def exercise_06a_cells():
 def problem_06a(exercise_source, harness):
     space = {"torch": torch}
     exec(exercise_source + "\n" + harness, space)  # noqa: S102 (the notebook's own cells)
-    return check("06a", lambda: space["versioned_update_problem"](space["VersionedWeights"]))
+    return check("07a", lambda: space["versioned_update_problem"](space["VersionedWeights"]))
 
 
 def test_exercise_06a_check_passes_the_solution_and_fails_the_stub():
     exercise, harness = exercise_06a_cells()
-    assert problem_06a(exercise, harness) == "Exercise 06a: correct"
-    with pytest.raises(ExerciseFailed, match="^Exercise 06a: not written yet"):
+    assert problem_06a(exercise, harness) == "Exercise 07a: correct"
+    with pytest.raises(ExerciseFailed, match="^Exercise 07a: not written yet"):
         problem_06a(stub(exercise), harness)
 
 
@@ -186,5 +186,5 @@ def test_exercise_06a_check_passes_the_solution_and_fails_the_stub():
 ], ids=["publishes-the-live-weights", "loses-the-version", "staleness-off-by-one", "publishes-before-the-step"])
 def test_exercise_06a_check_fails_on_a_wrong_update(old, new, message):
     exercise, harness = exercise_06a_cells()
-    with pytest.raises(ExerciseFailed, match=f"^Exercise 06a: {message}"):
-        problem_06a(replace_solution(exercise, "06a", old, new), harness)
+    with pytest.raises(ExerciseFailed, match=f"^Exercise 07a: {message}"):
+        problem_06a(replace_solution(exercise, "07a", old, new), harness)
