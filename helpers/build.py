@@ -33,8 +33,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 WEBSITE = Path(__file__).resolve().parent.parent / "website"
 WRITEFILE = re.compile(r"^%%writefile\s+(?:-a\s+)?(\S+)\s*\n")
 # minutes each lesson may take in the full profile on a 2-core CPU, by lesson number
-BUDGET_MINUTES = {"00": 1, "01": 3, "02": 4, "03": 7, "04": 3, "05": 6, "07": 5, "08": 2, "09": 4,
-                  "10": 4.5, "12": 5, "13": 4, "15": 4}
+BUDGET_MINUTES = {"00": 1, "01": 3, "02": 4, "03": 7, "04": 3, "05": 4, "06": 3, "07": 5, "08": 2, "09": 4,
+                  "10": 3, "11": 3, "12": 5, "13": 2.5, "14": 3, "15": 4, "16": 4, "17": 4}
 
 
 def terminal_log(out: Path, stem: str) -> Path:
