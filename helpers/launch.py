@@ -1,4 +1,4 @@
-"""Start distributed workers, and run the scripts that start them.
+"""Start distributed workers: on this machine, or as one rank of a torchrun run.
 
 Two ways in, one script:
 
@@ -8,66 +8,49 @@ Two ways in, one script:
 * ``torchrun --nproc-per-node N script.py`` starts the processes itself;
   :func:`launch` sees ``RANK``/``WORLD_SIZE`` and runs ``fn`` once, as that rank.
 
-A notebook never spawns workers itself: it writes a script with ``%%writefile``
-and starts it with :func:`run_script`, which owns the whole process group (and, on Linux without a GPU,
-forks the script from :mod:`helpers.warm`'s starter, which has imported torch already).
+A notebook never spawns workers itself: it writes a script with ``%%writefile`` and starts it with
+:func:`helpers.runner.run_script`. An exercise run (:func:`helpers.exercises.format.exercise_of_run`) gives
+its process groups a short timeout, and a failure's verdict comes from :mod:`helpers.diagnose`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 
-import psutil
 import torch
 import torch.distributed as dist
 
-from helpers import exercises, warm
-from helpers.exercises import exercise_timeout
-from helpers.system import loopback_interface, require_rpc
+from helpers import warm
+from helpers.diagnose import failure_line, watch_ranks
+from helpers.exercises.format import EXERCISE_ENV, exercise_of_run, exercise_timeout
+from helpers.system import LOOPBACK, free_port, require_rpc, socket_ifnames
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# the variables that tell gloo, TensorPipe and NCCL (its bootstrap and proxy sockets) which network interface to use
-SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# An exercise run on NCCL: by default NCCL's watchdog ends a process whose collective timed out (SIGABRT, no
+# Python traceback, so no "where each rank waited"). Blocking wait makes the timeout an exception raised in the
+# rank's own thread instead, and CleanUpOnly (2) aborts the communicators without tearing the process down.
+# A value the user set is kept.
+NCCL_EXERCISE_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
 
 class WorkerError(RuntimeError):
     """A worker raised or died; the message starts with its rank."""
 
 
-class ScriptError(RuntimeError):
-    """A script started by :func:`run_script` failed; the message holds its traceback, ``output`` all it printed."""
-
-    def __init__(self, message: str, output: str = ""):
-        super().__init__(message)
-        self.output = output
-
-
-class ScriptTimeout(ScriptError):
-    """A script started by :func:`run_script` ran past its time limit and was killed."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 BACKENDS = ("auto", "gloo", "nccl")
+
+
 # what this process's environment said, as it started, about the variables a process reads at start
 _STARTED_WITH = warm.environment_read(os.environ, warm.PROCESS_START)
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -203,6 +186,9 @@ class Worker:
         short = exercise_timeout()  # an exercise run: a deadlock ends in seconds with a verdict, not 30 minutes
         if short is not None:
             kwargs.setdefault("timeout", short)
+            if self.backend == "nccl":  # a timed-out collective raises in Python, as on gloo, with a traceback
+                os.environ.update({**NCCL_EXERCISE_ENV, **{k: v for k, v in os.environ.items()
+                                                           if k in NCCL_EXERCISE_ENV}})
         dist.init_process_group(**{"backend": self.backend, "init_method": self.init_method,
                                    "rank": self.rank, "world_size": self.world_size, **kwargs})
 
@@ -225,18 +211,6 @@ def log(rank: int, *parts) -> None:
     """Print ``[rank N] parts...`` as one write, so lines of concurrent ranks never interleave."""
     sys.stdout.write(f"[rank {rank}] " + " ".join(map(str, parts)) + "\n")
     sys.stdout.flush()
-
-
-def socket_ifnames(table: dict | None = None) -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for a run that stays on this machine.
-
-    A value the user set is kept; the others name the loopback interface, which the operating system's
-    interface table gives (``lo`` on Linux, ``lo0`` on macOS: see :func:`helpers.system.loopback_interface`,
-    which ``table`` is passed to). Raises RuntimeError in one line if one is needed and none holds 127.0.0.1.
-    """
-    missing = [name for name in SOCKET_IFNAMES if not os.environ.get(name)]
-    loopback = loopback_interface(table) if missing else None
-    return {name: os.environ.get(name) or loopback for name in SOCKET_IFNAMES}
 
 
 def under_torchrun() -> bool:
@@ -293,9 +267,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
         init, rpc_init = f"tcp://{addr}:{free_port('')}", f"tcp://{addr}:{free_port('')}"
     plan = dict(world_size=world_size, placement=placement, init_method=init, rpc_init_method=rpc_init, addr=addr,
                 ifnames=ifnames)
-    exercise, report = exercises.exercise_of_run(), {}  # a script holding an exercise: each failure, one line
+    exercise, report = exercise_of_run(), {}  # a script holding an exercise: each failure, one line
     if exercise:
-        plan["ifnames"] = {**ifnames, exercises.EXERCISE_ENV: exercise}  # set in each worker's environment
+        plan["ifnames"] = {**ifnames, EXERCISE_ENV: exercise}  # set in each worker's environment
     import torch.multiprocessing as mp
 
     try:
@@ -305,7 +279,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
             context = mp.start_processes(_spawned, args=(fn, args, plan, threads, method), nprocs=world_size,
                                          start_method=method, join=False)
         try:
-            report = exercises.watch_ranks(context) if exercise else {}  # read before a failure ends the others
+            report = watch_ranks(context) if exercise else {}  # read before a failure ends the others
             while not context.join():
                 pass
         finally:  # a worker that raised left its traceback in a temporary file, which PyTorch keeps
@@ -326,7 +300,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
 
 def _verdict_line(exercise, report) -> str:
     """After a worker's failure in an exercise run, the exercise's one-line verdict on a line of its own; else ""."""
-    return f"\n{exercises.failure_line(exercise, report, _script_folder())}" if exercise and report else ""
+    return f"\n{failure_line(exercise, report, _script_folder())}" if exercise and report else ""
 
 
 def _script_folder() -> Path | None:
@@ -440,131 +414,3 @@ def _run_as_torchrun_rank(fn, world_size, args, placement, threads) -> None:
     _call_keeping_locals(fn, Worker(int(os.environ["RANK"]), started, local_rank, placement.backend,
                                     placement.device(local_rank), "env://", "env://", placement), *args)
     _leave_now()  # as a spawned worker does: this process is the rank, and its work is done
-
-
-# --- running a script from a notebook ------------------------------------------------
-
-
-@dataclasses.dataclass
-class ScriptRun:
-    """What :func:`run_script` returns: the script's whole output, its wall time in seconds, and whether it was
-    forked from :mod:`helpers.warm`'s starter (``warm``) rather than started as a fresh interpreter."""
-
-    output: str = dataclasses.field(repr=False)
-    seconds: float
-    warm: bool = False
-
-
-def run_script(script, *args, timeout: float = 600, env: dict | None = None,
-               cwd=None, echo: bool = True, command: list | None = None) -> ScriptRun:
-    """Run ``python script *args`` in its own process group and stream its output live.
-
-    Where :func:`helpers.warm.usable` (Linux, no GPU present), the script's process is forked from a warm
-    starter that imported torch once, instead of a fresh interpreter importing it again; it behaves the same.
-    ``command`` replaces the interpreter (e.g. ``["torchrun", "--nproc-per-node", "2"]``; never warm).
-    On a non-zero exit, a timeout (``timeout`` seconds) or an interrupt the whole
-    group (the script and every worker it started) is killed and
-    :class:`ScriptError` / :class:`ScriptTimeout` / ``KeyboardInterrupt`` is
-    raised; the error's first line says what failed, then comes the failing
-    rank's traceback. No process of the group outlives this call.
-    """
-    path = Path(cwd or ".", script)
-    if not path.is_file():
-        raise FileNotFoundError(f"no script at {path}: run the cell that writes it first")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-    argv = [*(command or [sys.executable, "-u"]), str(script), *map(str, args)]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    start = time.perf_counter()
-    proc = None if command else warm.start(argv[2:], cwd, full_env)  # forked from a process with torch imported
-    warm_started = proc is not None
-    if proc is None:
-        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, text=True, bufsize=1, errors="replace")
-    lines: list[str] = []
-    pipe: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, pipe), daemon=True).start()
-    try:
-        while True:
-            left = timeout - (time.perf_counter() - start)
-            if left <= 0:
-                raise ScriptTimeout(f"{path.name} did not finish within {timeout:g} s and was killed:\n"
-                                    + "".join(lines[-20:]), "".join(lines))
-            try:
-                line = pipe.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            lines.append(line)
-            if echo:
-                print(line, end="", flush=True)
-        code = proc.wait()
-    finally:
-        kill_group(proc)
-    output = "".join(lines)
-    if code != 0:
-        raise ScriptError(_failure_message(path.name, code, output), output)
-    return ScriptRun(output, time.perf_counter() - start, warm_started)
-
-
-def running_children() -> list[psutil.Process]:
-    """Processes this one started (and theirs) that still run, leaving out :mod:`helpers.warm`'s starter,
-    which lives as long as this process by design (the scripts it started for this process are counted)."""
-    server = warm.server_pid()
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.pid != server and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def _pump(stream, pipe: queue.Queue) -> None:
-    for line in stream:
-        pipe.put(line)
-    pipe.put(None)
-
-
-def kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    """End every process in ``proc``'s process group: SIGTERM, then SIGKILL after ``grace`` s."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(proc):
-            time.sleep(0.05)
-        if not _group_alive(proc):
-            break
-    proc.wait()
-
-
-def _group_alive(proc: subprocess.Popen) -> bool:
-    """True while a process of the group still runs (zombies waiting to be reaped do not count)."""
-    proc.poll()
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == proc.pid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (OSError, psutil.Error):  # gone since listed, or not ours to ask about (macOS may say EPERM)
-            continue
-    return False
-
-
-def _failure_message(name: str, code: int, output: str) -> str:
-    out = output.rstrip().splitlines()
-    last = out[-1].strip() if out else "(no output)"
-    head = f"{name} failed with exit code {code}: {last}"
-    for marker in ("raised:", "Traceback (most recent call last):"):
-        starts = [i for i, line in enumerate(out) if line.rstrip().endswith(marker)]
-        if starts:
-            start = starts[-1]
-            if "died with exit code" in last:  # no traceback of its own: its last words come before ours
-                start = max(0, start - 15)
-            return head + "\n" + "\n".join(out[start:][-75:])
-    return head

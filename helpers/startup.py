@@ -7,7 +7,7 @@ Two costs come before a script's first collective, and each has a cold and a war
 * the script's own process: a fresh ``python script.py`` imports torch first; :mod:`helpers.warm` forks the
   script from a process that imported torch once (``run_script``'s way on Linux without a GPU);
 * its workers: ``spawn`` starts a fresh interpreter per worker, which imports torch again; ``fork`` copies the
-  script's process, torch included (``launch``'s way where :func:`helpers.launch.start_method` allows it).
+  script's process, torch included (``launch``'s way where :func:`helpers.launch.choose_start_method` allows it).
 
 For 2 and 4 CPU workers, with and without one DDP step (whose first use imports ``torch._dynamo``), the table
 gives *ready* (the call to the moment the last worker entered its function) and *joined* (the call to
@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from helpers import warm
-from helpers.launch import launch, run_script
+from helpers.launch import launch
+from helpers.runner import run_script
 
 METHODS = ("spawn", "fork")
 

@@ -3,8 +3,9 @@
 The course runs on Linux and macOS, and on Windows through WSL2 (a Linux). Three things differ there:
 
 * the loopback interface is ``lo`` on Linux and ``lo0`` on macOS: :func:`loopback_interface` asks psutil's
-  interface table which one holds 127.0.0.1, for ``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME`` and
-  ``NCCL_SOCKET_IFNAME``;
+  interface table which one holds 127.0.0.1, and :func:`socket_ifnames` names it in ``GLOO_SOCKET_IFNAME``,
+  ``TP_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for a run that stays on this machine (:func:`free_port`
+  finds it a port);
 * PyTorch's Windows builds have no ``torch.distributed.rpc`` (TensorPipe is not built for Windows), and
   the launcher needs POSIX process groups: :func:`check_platform` and :func:`require_rpc` stop there in
   one line that says to use WSL2;
@@ -14,6 +15,7 @@ The course runs on Linux and macOS, and on Windows through WSL2 (a Linux). Three
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -35,6 +37,13 @@ def stop(message: str):
     if ipython is not None and ipython.get_ipython() is not None:
         raise Unsupported(message)
     raise SystemExit(message)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+# the variables that tell gloo, TensorPipe and NCCL (its bootstrap and proxy sockets) which network interface to use
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 def loopback_interface(table: dict | None = None) -> str:
@@ -86,3 +95,22 @@ def require_rpc(platform: str | None = None) -> None:
         stop(f"this lesson needs torch.distributed.rpc, which PyTorch's Windows builds do not have: {WSL2}")
     stop("this lesson needs torch.distributed.rpc, which this PyTorch was built without: "
          "install the course's pinned versions (make install, or pip install -c constraints.txt -e .)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def socket_ifnames(table: dict | None = None) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME``, ``TP_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for a run that stays on this machine.
+
+    A value the user set is kept; the others name the loopback interface, which the operating system's
+    interface table gives (``lo`` on Linux, ``lo0`` on macOS: see :func:`helpers.system.loopback_interface`,
+    which ``table`` is passed to). Raises RuntimeError in one line if one is needed and none holds 127.0.0.1.
+    """
+    missing = [name for name in SOCKET_IFNAMES if not os.environ.get(name)]
+    loopback = loopback_interface(table) if missing else None
+    return {name: os.environ.get(name) or loopback for name in SOCKET_IFNAMES}

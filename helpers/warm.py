@@ -4,7 +4,7 @@ Every ``python script.py`` pays for importing torch (and, for DDP, ``torch._dyna
 runs: seconds on a small CPU, on every run of every cell. :func:`start` hands the script instead to a *warm
 starter*: one server process per caller (the notebook's kernel, a test session) that imported those modules
 once and forks a child for each script. The child becomes what ``python -u script args`` would have been: its
-own OS session (so :func:`helpers.launch.kill_group` ends it and every worker it starts), the caller's working
+own OS session (so :func:`helpers.runner.kill_group` ends it and every worker it starts), the caller's working
 folder and environment, ``sys.argv``, stdin from ``/dev/null``, stdout and stderr into one pipe the caller
 reads, the script run as ``__main__``, and its exit code back to the caller.
 
@@ -104,7 +104,7 @@ def _ensure_server(env: dict) -> dict | None:
 
 
 class WarmProcess:
-    """The part of :class:`subprocess.Popen` that :func:`helpers.launch.run_script` uses, for a forked script."""
+    """The part of :class:`subprocess.Popen` that :func:`helpers.runner.run_script` uses, for a forked script."""
 
     def __init__(self, conn: socket.socket, pid: int, stdout, entry: dict):
         self._conn, self.pid, self.stdout, self.returncode = conn, pid, stdout, None

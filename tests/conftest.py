@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import helpers.launch
-from helpers.build import write_lesson_scripts
+import helpers.runner
 from helpers.exercises import check_script
+from helpers.lessons import write_lesson_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -109,7 +109,7 @@ def refusal(script: Path, *flags, cwd=None) -> str:
 def no_process_left_behind():
     """Every test must end with no child process of the test runner still running."""
     yield
-    alive = helpers.launch.running_children()
+    alive = helpers.runner.running_children()
     for p in alive:
         p.kill()
     assert not alive, f"processes outlived the test: {[p.cmdline() for p in alive]}"

@@ -193,13 +193,13 @@ def test_a_repository_that_is_no_public_address_is_refused_before_any_lesson_run
     ("", None),  # no origin remote
 ])
 def test_repository_comes_from_a_public_origin(origin, expected):
-    from helpers.build import course_repository
+    from helpers.site import course_repository
 
     assert course_repository(environ={}, origin=origin) == expected
 
 
 def test_course_repository_overrides_the_origin_and_empty_means_none():
-    from helpers.build import course_repository
+    from helpers.site import course_repository
 
     origin = "git@github.com:owner/course.git"
     assert course_repository({"COURSE_REPOSITORY": "https://github.com/fork/course/"}, origin) == \
@@ -325,7 +325,7 @@ def test_progress_counts_code_cells_only():
 
 
 def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
-    from helpers.build import notebook_scripts, write_lesson_scripts
+    from helpers.lessons import notebook_scripts, write_lesson_scripts
 
     written = write_lesson_scripts("02_ddp.ipynb", tmp_path / "scripts")
     assert "ddp_mnist.py" in [p.name for p in written]
@@ -335,7 +335,8 @@ def test_a_lesson_can_write_another_lessons_scripts(tmp_path):
 
 
 def test_the_install_cell_gets_the_repository_only_when_one_is_known():
-    from helpers.build import NOTEBOOKS, fill_repository
+    from helpers.lessons import NOTEBOOKS
+    from helpers.site import fill_repository
 
     nb = nbformat.read(NOTEBOOKS / "00_orientation.ipynb", as_version=4)
     assert not fill_repository(nb, None) and 'COURSE_REPOSITORY = ""' in nb.cells[1].source

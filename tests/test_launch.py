@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import helpers.warm
-from helpers.launch import ScriptError, free_port, launch, pick_backend, run_script, running_children
-from helpers.system import loopback_interface
+from helpers.launch import launch, pick_backend
+from helpers.runner import ScriptError, run_script, running_children
+from helpers.system import free_port, loopback_interface
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
 
@@ -99,7 +100,7 @@ def test_nccl_runs_get_nccl_socket_ifname_on_loopback(three_ranks, monkeypatch):
     # for every local run, whatever the backend, so an NCCL run needs no GPU here to show the variable is set
     assert all(s["ifnames"]["NCCL_SOCKET_IFNAME"] == loopback_interface() for s in three_ranks)
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
-    from helpers.launch import socket_ifnames
+    from helpers.system import socket_ifnames
 
     assert socket_ifnames()["NCCL_SOCKET_IFNAME"] == loopback_interface(), "torchrun's ranks get it too"
 
@@ -275,3 +276,35 @@ def test_bad_flag_gives_one_line_error_before_any_worker(tmp_path):
     assert failed.value.args[0].splitlines()[0].endswith(
         "error: argument --world-size: must be an integer >= 1, got 0")
     assert not list(tmp_path.iterdir()), "no worker may have started"
+
+
+@pytest.mark.parametrize("backend, user_value", [("nccl", None), ("nccl", "0"), ("gloo", None)])
+def test_an_exercise_run_on_nccl_raises_its_timeout_in_python(monkeypatch, backend, user_value):
+    """On NCCL the watchdog would end a rank whose collective timed out with SIGABRT and no traceback, so the
+    verdict could not say where each rank waited; an exercise run asks for blocking wait (the timeout raised in
+    the rank's thread, as on gloo) and communicators aborted without tearing the process down. A value the user
+    set stays; a gloo run and a run that is no exercise are left as they are."""
+    import helpers.launch as launch_module
+    from helpers.launch import NCCL_EXERCISE_ENV, Worker, pick_backend
+
+    for name in NCCL_EXERCISE_ENV:  # set, then removed: monkeypatch restores the state from before the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    if user_value is not None:
+        monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", user_value)
+    seen = {}
+    monkeypatch.setattr(launch_module.dist, "init_process_group", lambda **kw: seen.update(kw))
+    worker = Worker(0, 1, 0, backend, torch.device("cpu"), "file:///x/pg", "file:///x/rpc",
+                    pick_backend("gloo", 1, "cpu"))
+    monkeypatch.delenv("COURSE_EXERCISE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["not_an_exercise.py"])
+    worker.init_process_group()
+    assert "timeout" not in seen and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+    monkeypatch.setenv("COURSE_EXERCISE", "99z")
+    worker.init_process_group()
+    assert seen["timeout"].total_seconds() == 30 and seen["backend"] == backend
+    if backend == "gloo":
+        assert not any(name in os.environ for name in NCCL_EXERCISE_ENV)
+    else:
+        assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == (user_value or "1")
+        assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"

@@ -12,8 +12,9 @@ import torch
 from conftest import check_source, refusal
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
-from helpers.launch import ScriptError, pick_backend, run_script
+from helpers.launch import pick_backend
 from helpers.metrics import read_metrics
+from helpers.runner import ScriptError, run_script
 
 NOTEBOOK = "00_orientation.ipynb"
 

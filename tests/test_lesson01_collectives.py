@@ -13,8 +13,8 @@ import pytest
 from conftest import refusal
 
 from helpers.exercises import ExerciseFailed, check_script, failure_of, replace_solution, stub
-from helpers.launch import run_script
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 SHORT = {"COURSE_EXERCISE_TIMEOUT": "10"}  # a rank of an exercise run waits 10 s in one call here (30 by default)
 

@@ -11,8 +11,8 @@ import torch
 from conftest import check_source, refusal, run_in_this_process
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
-from helpers.launch import run_script
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "02_ddp.ipynb"
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0

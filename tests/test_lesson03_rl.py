@@ -15,8 +15,8 @@ import torch
 from conftest import refusal, run_in_this_process, write_scripts
 
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
-from helpers.launch import run_script
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "03_rl_rpc.ipynb"
 

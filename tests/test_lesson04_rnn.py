@@ -13,9 +13,10 @@ import torch
 from conftest import refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
-from helpers.launch import pick_backend, run_script
+from helpers.launch import pick_backend
 from helpers.metrics import read_metrics
 from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION
+from helpers.runner import run_script
 
 NOTEBOOK = "04_rnn_dist_autograd.ipynb"
 SMALL = ["--hidden", 32, "--emb-dim", 16, "--batch-size", 8, "--seq-len", 30]

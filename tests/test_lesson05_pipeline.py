@@ -20,8 +20,9 @@ from conftest import check_source, refusal, write_scripts
 
 from helpers.compare import exact_math
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
-from helpers.launch import pick_backend, run_script
+from helpers.launch import pick_backend
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "05_pipeline.ipynb"
 

@@ -16,8 +16,8 @@ from conftest import write_scripts
 
 from helpers.data import load_mnist
 from helpers.exercises import ExerciseFailed, check, replace_solution, stub
-from helpers.launch import run_script
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "07_parameter_server.ipynb"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]

@@ -14,8 +14,9 @@ import pytest
 from conftest import refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
-from helpers.launch import pick_backend, run_script
+from helpers.launch import pick_backend
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "08_ddp_rpc.ipynb"
 

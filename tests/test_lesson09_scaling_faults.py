@@ -14,7 +14,7 @@ import torch
 from conftest import refusal, run_in_this_process, write_scripts
 
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
-from helpers.launch import ScriptError, run_script
+from helpers.runner import ScriptError, run_script
 
 NOTEBOOK = "09_scaling_faults.ipynb"
 TRAIN = ["--world-size", 2, "--steps", 20, "--checkpoint-every", 10, "--batch-size", 32, "--train-samples", 512,

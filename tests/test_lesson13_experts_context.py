@@ -20,7 +20,7 @@ import torch
 from conftest import NOTEBOOKS, check_source, refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
-from helpers.launch import ScriptError, run_script
+from helpers.runner import ScriptError, run_script
 
 NOTEBOOK = "13_experts_context.ipynb"
 

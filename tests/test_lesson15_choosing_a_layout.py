@@ -18,9 +18,9 @@ import pytest
 from conftest import NOTEBOOKS, refusal, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
-from helpers.launch import run_script
 from helpers.measure.timing import fit_alpha_beta
 from helpers.metrics import read_metrics
+from helpers.runner import run_script
 
 NOTEBOOK = "15_choosing_a_layout.ipynb"
 SMALL = dict(vocab=64, seq=16, dim=32, heads=4, hidden=64, blocks=2)

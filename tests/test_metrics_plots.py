@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch import run_script
 from helpers.metrics import MetricsWriter, curves, read_metrics, run_dir
 from helpers.plots import plot_bars, plot_curves
+from helpers.runner import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
 

@@ -55,7 +55,7 @@ def test_every_lesson_script_passes_the_linter(tmp_path):
     import subprocess
     import sys
 
-    from helpers.build import write_lesson_scripts
+    from helpers.lessons import write_lesson_scripts
 
     for path in NOTEBOOKS:
         write_lesson_scripts(path, tmp_path / path.stem)

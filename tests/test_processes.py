@@ -3,8 +3,8 @@
 import sys
 import time
 
-from helpers.launch import running_children
 from helpers.processes import run_prefixed
+from helpers.runner import running_children
 
 PY = sys.executable
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch import run_script
 from helpers.metrics import read_metrics
 from helpers.rpc import FUNCTIONAL_OPTIMIZER_DEPRECATION, check_transport, hide_functional_optimizer_warning
+from helpers.runner import run_script
 
 SCRIPT = Path(__file__).parent / "scripts" / "rpc_methods.py"
 

@@ -1,4 +1,4 @@
-"""helpers.launch.run_script: a script in its own process group, streamed, limited and cleaned up."""
+"""helpers.runner.run_script: a script in its own process group, streamed, limited and cleaned up."""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers.launch import ScriptTimeout, run_script, running_children
+from helpers.runner import ScriptTimeout, run_script, running_children
 
 SCRIPT = Path(__file__).parent / "scripts" / "collective.py"
 
@@ -60,7 +60,7 @@ def test_timeout_kills_every_process_of_the_run(tmp_path):
 
 
 def test_interrupt_kills_every_process_of_the_run(tmp_path):
-    driver = (f"from helpers.launch import run_script\n"
+    driver = (f"from helpers.runner import run_script\n"
               f"run_script({str(SCRIPT)!r}, '--world-size', '2', '--hang', '--out', {str(tmp_path)!r})\n")
     # A kernel handles SIGINT. A shell without job control starts background jobs with SIGINT ignored, which
     # children inherit and Python then honours: give the driver the default handling, as a kernel has.
@@ -98,7 +98,7 @@ def test_timeout_must_be_positive(tmp_path, timeout):
 def test_exit_code_and_last_line_head_the_error(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import sys\nprint('working')\nsys.exit('bad thing happened')\n")
-    from helpers.launch import ScriptError
+    from helpers.runner import ScriptError
 
     with pytest.raises(ScriptError) as failed:
         run_script(probe, echo=False)

@@ -11,8 +11,8 @@ import torch.distributed.rpc
 
 import helpers
 import helpers.launch
-from helpers.launch import ScriptError, run_script, running_children, socket_ifnames
-from helpers.system import Unsupported, check_platform, loopback_interface, require_rpc
+from helpers.runner import ScriptError, run_script, running_children
+from helpers.system import Unsupported, check_platform, loopback_interface, require_rpc, socket_ifnames
 
 # psutil.net_if_addrs() gives {interface: [snicaddr(family, address, netmask, broadcast, ptp)]}
 Addr = namedtuple("Addr", "family address netmask broadcast ptp", defaults=(None, None, None))

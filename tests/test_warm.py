@@ -12,14 +12,14 @@ import psutil
 import pytest
 
 from helpers import warm
-from helpers.launch import ScriptError, run_script, running_children
+from helpers.runner import ScriptError, run_script, running_children
 
 pytestmark = pytest.mark.skipif(not warm.usable(), reason="the warm starter runs on Linux with no GPU present")
 
 PROBE = textwrap.dedent('''
     import json, os, sys
     import numpy, torch
-    from helpers.launch import launch, choose_start_method, pick_backend
+    from helpers.launch import choose_start_method, launch, pick_backend
 
     def rank(worker, out):
         import signal
@@ -98,7 +98,7 @@ def test_another_import_time_environment_gets_a_starter_that_imported_under_it(t
 def test_the_starter_ends_with_its_caller(tmp_path):
     (tmp_path / "noop.py").write_text("print('ran')\n")
     caller = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom helpers import warm\nfrom helpers.launch import run_script\n"
+        [sys.executable, "-c", "import sys, time\nfrom helpers import warm\nfrom helpers.runner import run_script\n"
          "run_script(sys.argv[1], echo=False)\nprint(warm.server_pid(), flush=True)\ntime.sleep(60)",
          str(tmp_path / "noop.py")], stdout=subprocess.PIPE, text=True)
     server = int(caller.stdout.readline())

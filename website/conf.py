@@ -9,7 +9,7 @@ import os
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from helpers.build import course_repository
+from helpers.site import course_repository
 
 # The repository the Colab links, the clone line and the repository button point at; None shows none of them.
 REPOSITORY = course_repository()

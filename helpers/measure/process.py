@@ -125,14 +125,21 @@ def own_listeners() -> list[tuple[str, int]] | None:
         return None
 
 
+PY_SPY_ENV = "COURSE_PY_SPY"  # the py-spy to run (a wrapper that adds sudo, say); set empty, none is used
+
+
 def py_spy_dumps(pids: dict) -> dict | None:
-    """``{key: text}``: ``py-spy dump`` of each process in ``{key: pid}``, its colour codes removed.
+    """``{key: text}``: ``py-spy dump`` of each process in ``{key: pid}``, its colour codes removed. The py-spy
+    run is ``COURSE_PY_SPY`` when set (empty: none, as where it is not installed), else the one on the PATH or
+    beside this Python.
 
     Returns ``None``, after printing one line why, where py-spy is not installed or may not attach (it
     needs the right to trace another process: root or sudo, or ``kernel.yama.ptrace_scope=0`` on Linux).
     """
-    exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    exe = os.environ.get(PY_SPY_ENV)
     if exe is None:
+        exe = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not exe:
         print("py-spy dump skipped: py-spy is not installed (pip install py-spy)")
         return None
     stacks = {}

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from helpers.flags import add_device_flags, check_placement, integer
-from helpers.launch import SOCKET_IFNAMES, launch, log
+from helpers.launch import launch, log
 from helpers.metrics import MetricsWriter
+from helpers.system import SOCKET_IFNAMES
 
 
 class Freed:
