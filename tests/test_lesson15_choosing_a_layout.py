@@ -7,6 +7,9 @@ the model is wrong (Adam without its second moment, ZeRO-2 without its whole gra
 gathering each block once, the MLP's hidden activation saved once, backward priced as one forward), both
 exercise checks failing on their stubs and on plausible wrong answers, that the time model prices each
 collective at the fit of that kind's own measured times, and the scripts' flag checks (no worker started).
+At scale, each old term of the model fails a test: data-parallel traffic not divided by the pipeline, Megatron's
+sequence-parallel activations where PyTorch keeps more, ZeRO-2's traffic hidden behind backward, ring latency at
+1,024 ranks, and compute priced at the datasheet's peak against the published runs.
 """
 
 import importlib.util
