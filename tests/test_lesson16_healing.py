@@ -1,8 +1,9 @@
 """Lesson 16 (healing without a restart, and training over slow links): what the notebook's run does not cover.
 
-The notebook's check cells assert the lesson's claims on its own runs of lesson 09's restart, ft_heal.py
-(torchft), diloco.py (the sweep and the H = 1 proof) and diloco_check.py; these tests add exercise 16a's check
-on its stub and on three wrong answers, a torchft run with nobody killed, and the scripts' refusals of bad flags.
+The notebook's check cells assert the lesson's claims on its own runs of lesson 09's restart, reconfigure.py
+(PyTorch's in-place reconfiguration), ft_heal.py (torchft), diloco.py (the sweep and the H = 1 proof) and
+diloco_check.py; these tests add exercise 16a's check on its stub and on three wrong answers, a torchft run with
+nobody killed, and the scripts' refusals of bad flags.
 """
 
 import pytest
@@ -17,6 +18,7 @@ NOTEBOOK = "16_healing_and_slow_links.ipynb"
 
 @pytest.fixture
 def scripts(lesson_scripts):
+    lesson_scripts("02_ddp.ipynb")  # ft_heal.py imports lesson 02's ConvNet
     return lesson_scripts(NOTEBOOK)
 
 
@@ -35,15 +37,15 @@ def test_exercise_16a_check_passes_the_solution_and_fails_the_stub_and_three_wro
     with pytest.raises(ExerciseFailed, match=r"^Exercise 16a: rank \d, the proof \(H=1, outer SGD lr 1, no momentum\)"):
         check_with(scripts, wrong_sign)
     averaged_weights = replace_solution(source, "16a", new="""
-        for p, g in zip(model.parameters(), global_params, strict=True):  # the weights averaged, as Local SGD does
-            dist.all_reduce(p.data)
+        for p, g in zip(model.parameters(), global_params, strict=True):
+            dist.all_reduce(p.data)  # the weights averaged, as Local SGD does,
             p.data /= world_size
             g.grad = g - p.detach()
-        outer_optimizer.step()  # ... and the momentum step taken from the averaged weights
+            g.copy_(p.detach())  # taken as the new global weights,
+        outer_optimizer.step()  # and then the momentum step applied on top of them
         with torch.no_grad():
             for p, g in zip(model.parameters(), global_params, strict=True):
-                p.sub_(g.grad)
-                g.copy_(p)
+                p.copy_(g)
         """)
     with pytest.raises(ExerciseFailed, match=r"^Exercise 16a: rank \d, the proof .* element \["):
         check_with(scripts, averaged_weights)
@@ -72,12 +74,14 @@ def test_torchft_replicas_without_a_kill_share_every_step_and_end_equal(scripts,
     ("diloco.py", ["--runs", "diloco:16", "--steps", 24], "must be a multiple of every H"),
     ("diloco.py", ["--world-size", 3, "--batch-size", 64], "must be a multiple of --world-size 3"),
     ("diloco_check.py", ["--steps", 3, "--sync-every", 2], "at least two outer steps"),
+    ("reconfigure.py", ["--steps", 0], "--steps: must be an integer >= 1"),
     ("ft_heal.py", ["--replicas", 2, "--min-replicas", 2], "--min-replicas 2 is more than"),
     ("ft_heal.py", ["--replicas", 3, "--min-replicas", 4, "--kill-at-step", 0], "--min-replicas 4 is more than"),
     ("ft_heal.py", ["--kill-replica", 3], "--kill-replica must be below --replicas"),
     ("ft_heal.py", ["--steps", 20, "--kill-at-step", 15, "--heal-after", 10], "below --steps"),
 ], ids=["h-0", "unknown-method", "ddp-with-h", "steps-not-multiple", "batch-not-divisible", "check-one-round",
-        "min-replicas-after-kill", "min-replicas-above-replicas", "kill-replica-missing", "heal-after-the-end"])
+        "reconfigure-steps-0", "min-replicas-after-kill", "min-replicas-above-replicas", "kill-replica-missing",
+        "heal-after-the-end"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, script, flags, message, tmp_path):
-    assert message in refusal(scripts[script], *flags, "--run-dir", tmp_path, cwd=tmp_path) if script != \
-        "diloco_check.py" else message in refusal(scripts[script], *flags, cwd=tmp_path)
+    run_dir = [] if script == "diloco_check.py" else ["--run-dir", tmp_path]
+    assert message in refusal(scripts[script], *flags, *run_dir, cwd=tmp_path)

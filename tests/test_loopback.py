@@ -9,8 +9,10 @@ from helpers.measure.process import own_listeners
 
 
 def test_store_lighthouse_and_manager_listen_on_loopback_only():
+    import torch
     import torchft.manager
     from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.pg_transport import PGTransport
 
     before = set(own_listeners() or [])
     store = loopback_store()
@@ -21,7 +23,9 @@ def test_store_lighthouse_and_manager_listen_on_loopback_only():
     try:
         assert address.startswith(f"http://{LOOPBACK_HOST}:")
         with torchft_on_loopback():
-            manager = Manager(pg=ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
+            pg = ProcessGroupGloo()  # healing over the process group: torchft's HTTP default listens everywhere
+            manager = Manager(pg=pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+                              checkpoint_transport=PGTransport(pg, timedelta(seconds=10), torch.device("cpu")),
                               store_addr=LOOPBACK_HOST, store_port=store.port, rank=0, world_size=1,
                               lighthouse_addr=address, replica_id="r", hostname=LOOPBACK_HOST,
                               timeout=timedelta(seconds=10), connect_timeout=timedelta(seconds=10))
