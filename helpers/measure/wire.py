@@ -21,12 +21,13 @@ empty split too; a scatter's root sends N - 1 pieces; a ``send`` one.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.measure.comms import kind
-from helpers.measure.timing import fit_alpha_beta, message_seconds
+from helpers.measure.timing import fit_alpha_beta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,16 +115,25 @@ class SentLog(TorchDispatchMode):
 
 
 def ping_pong_alpha_beta(rank: int, sizes=tuple(2**p for p in range(8, 23, 2)), trips: int = 10):
-    """Lesson 01's alpha-beta fit on the default group: half the round trip of a message between ranks 0 and 1
-    at each size (bytes, float32), fitted by :func:`fit_alpha_beta`; returns (alpha s, beta s/byte) on every
-    rank (the other ranks wait, then receive rank 0's fit). (0.0, 0.0) on one rank."""
+    """Lesson 01's alpha-beta fit on the default group: ranks 0 and 1 send a message back and forth ``trips``
+    times at each size (bytes, float32), and :func:`fit_alpha_beta` fits t = alpha + n beta to half of the
+    fastest round trip of each size (other work on the machine only adds time); returns (alpha s, beta s/byte)
+    on every rank (the others wait, then receive rank 0's fit). (0.0, 0.0) on one rank."""
     import torch.distributed as dist
 
     if dist.get_world_size() < 2:
         return 0.0, 0.0
     fit = torch.zeros(2, dtype=torch.float64)
     if rank < 2:
-        seconds = [message_seconds(torch.zeros(n // 4), rank, 1 - rank, trips) for n in sizes]
-        fit = torch.tensor(fit_alpha_beta(sizes, seconds), dtype=torch.float64)
+        sent, seconds = [], []
+        for n in sizes:
+            buffer = torch.zeros(n // 4)
+            for _ in range(trips):
+                start = time.perf_counter()
+                for sender in (0, 1):
+                    dist.send(buffer, 1 - rank) if rank == sender else dist.recv(buffer, 1 - rank)
+                sent.append(n)
+                seconds.append((time.perf_counter() - start) / 2)
+        fit = torch.tensor(fit_alpha_beta(sent, seconds), dtype=torch.float64)
     dist.broadcast(fit, 0)
     return tuple(fit.tolist())
