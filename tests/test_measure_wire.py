@@ -7,6 +7,7 @@ from helpers.launch import run_script
 
 SCRIPT = textwrap.dedent('''
     import json
+    import sys
     import torch
     import torch.distributed as dist
     from helpers.launch import launch
@@ -28,9 +29,10 @@ SCRIPT = textwrap.dedent('''
                    dist.P2POp(dist.irecv, torch.empty(4), (rank - 1) % world)]
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
-        alpha, beta = ping_pong_alpha_beta(rank, sizes=(1024, 65536), trips=3)
-        print("RESULT", json.dumps(dict(rank=rank, bytes=sent.bytes(), calls=sent.calls(),
-                                        messages=sent.messages(), alpha=alpha, beta=beta)), flush=True)
+        alpha, beta = ping_pong_alpha_beta(rank, sizes=(1024, 1 << 20), trips=5)
+        with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+            json.dump(dict(rank=rank, bytes=sent.bytes(), calls=sent.calls(), messages=sent.messages(),
+                           alpha=alpha, beta=beta), f)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -41,9 +43,8 @@ SCRIPT = textwrap.dedent('''
 def test_sent_log_counts_bytes_to_other_ranks_and_gloos_messages(tmp_path):
     path = tmp_path / "wire_probe.py"
     path.write_text(SCRIPT)
-    output = run_script(path, timeout=120, echo=False).output
-    results = {r["rank"]: r for r in (json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
-                                      if "RESULT " in line)}
+    run_script(path, tmp_path, timeout=120, echo=False)
+    results = {r["rank"]: r for r in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
     assert sorted(results) == [0, 1, 2]
     for rank, r in results.items():
         root = 2 * 4 * 2 if rank == 0 else 0  # the scatter's root sends its 2 other pieces of 8 B
