@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers.launch
 import helpers.runner
 from helpers.exercises import check_script
 from helpers.lessons import write_lesson_scripts
