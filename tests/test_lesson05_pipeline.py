@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from conftest import check_source, refusal, write_scripts
+from conftest import refusal, write_scripts
 
 from helpers.compare import exact_math
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
