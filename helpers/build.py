@@ -138,7 +138,8 @@ def record(nb, seconds: float, error: str, machine: dict) -> dict:
 
     ``paths`` are the path lines the lesson's runs printed, in order of first appearance: lines that begin
     ``path: `` after the prefixes a run puts before its workers' lines (``[rank N] ``, ``[node N] [rank N] ``,
-    torchrun's ``[default0]:``). A line that begins with a placement line of
+    torchrun's ``[default0]:``), and after a lesson's label of the run in front of those (``1worker: [rank 0] ``,
+    where a cell prints which of its runs a worker's path line came from). A line that begins with a placement line of
     ``helpers.launch.Placement`` records that placement (what follows it describes the run, not the path);
     any other records its text, as RPC lessons say what crosses RPC and where each role computes. A
     placement printed anywhere else (a preview of what N ranks would take, a table of possible placements)
@@ -146,7 +147,7 @@ def record(nb, seconds: float, error: str, machine: dict) -> dict:
     """
     printed = "".join(o.get("text", "") for c in nb.cells if c["cell_type"] == "code" for o in c.get("outputs", []))
     found = []
-    for stated in re.findall(r"^(?:\[[^\]\n]+\]:? ?)*path: (.+?)\s*$", printed, re.M):
+    for stated in re.findall(r"^(?:[\w.-]+: (?=\[))?(?:\[[^\]\n]+\]:? ?)*path: (.+?)\s*$", printed, re.M):
         path = next((p for p in sorted(machine["paths"], key=len, reverse=True) if stated.startswith(p)), stated)
         if path not in found:
             found.append(path)

@@ -300,6 +300,14 @@ def test_record_names_the_path_a_lesson_states_as_well_as_placement_lines():
                      "torchrun's own prefix"], paths
 
 
+def test_record_keeps_a_path_line_behind_the_label_of_its_run():
+    # lesson 02's scaling cell prints each run's path line behind the run's name; a label alone is no path line
+    placement = str(pick_backend("auto", 1))
+    printed = f"1worker: [rank 0] path: {placement}; 1 thread\n2workers: [node 0] [rank 0] path: two nodes\n" \
+              "note: path: a label without a worker's prefix\n"
+    assert record_paths(printed, [placement]) == [placement, "two nodes"]
+
+
 def test_record_holds_the_path_a_run_printed_not_a_preview_of_placements():
     # what a machine with one GPU prints: a table of the placements 1, 2 and 4 ranks would take, then one run
     placements = {n: str(pick_backend("auto", n, gpus=1)) for n in (1, 2, 4)}

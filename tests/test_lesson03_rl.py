@@ -111,11 +111,13 @@ def test_a_draw_above_a_cumulative_sum_rounded_below_1_takes_the_last_action(scr
     assert sample_actions(np.array([[0.25, 0.75], [0.25, 0.75]]), np.array([0.2, 0.3])) == [0, 1]
 
 
-def test_exercise_03a_check_fails_on_the_stub_and_on_an_observer_that_never_sends_its_reward(scripts, tmp_path):
+def test_exercise_03a_check_fails_on_the_stub_an_observer_that_never_sends_its_reward_or_never_cuts(scripts,
+                                                                                                   tmp_path):
     path = scripts / "rl_observer_exercise.py"
     source = path.read_text()
     flags = ["--world-size", 2, "--episodes", 2, "--run-dir", tmp_path]
-    assert "2 agent episodes with 1 observer(s)" in check_script("03a", path, *flags, timeout=120, echo=False)
+    passed = check_script("03a", path, *flags, timeout=120, echo=False)
+    assert "2 agent episodes with 1 observer(s), and one cut" in passed
     path.write_text(stub(source))
     with pytest.raises(ExerciseFailed, match="^Exercise 03a: not written yet"):
         check_script("03a", path, *flags, timeout=120, echo=False)
@@ -123,4 +125,9 @@ def test_exercise_03a_check_fails_on_the_stub_and_on_an_observer_that_never_send
                                      "args=(self.rank, state, None))"))
     with pytest.raises(ExerciseFailed, match=r"^Exercise 03a: agent episode 1: observer 1: the agent recorded 1 "
                                              r"rewards for \d+ actions$"):
+        check_script("03a", path, *flags, timeout=120, echo=False)
+    never_cut = replace_solution(source, "03a", "reward, truncated and not terminated", "reward, False")
+    path.write_text(never_cut)  # the fifth value: never cut by the clock
+    with pytest.raises(ExerciseFailed, match=r"^Exercise 03a: agent episode 3: observer 1's episode: cut by the time "
+                                             r"limit expected True, got False$"):
         check_script("03a", path, *flags, timeout=120, echo=False)

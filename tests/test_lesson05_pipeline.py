@@ -6,9 +6,8 @@ every micro-batch on both shards, both ranks of both pipelining schedules, the s
 implementation, and one bad flag from the command line. Here: a run with the most micro-batches the RPC flag
 accepts (64, far beyond TensorPipe's default thread pool), torch.distributed.pipelining with two micro-batch
 counts under input validation, the float32 settings of a GPU run, exercise 05a's check failing on its stub and
-on two wrong loops, exercise 05b's on its stub and on two wrong lists, the schedule simulator on lists that are
-no schedule, and, without starting a worker, the devices the shards take for each GPU count and every bad flag
-of every script, on main() in this process.
+on two wrong loops, and, without starting a worker, the devices the shards take for each GPU count and every bad
+flag of every script, on main() in this process.
 """
 
 import importlib
@@ -16,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from conftest import check_source, refusal, write_scripts
+from conftest import refusal, write_scripts
 
 from helpers.compare import exact_math
 from helpers.exercises import ExerciseFailed, check_script, replace_solution, stub
@@ -77,13 +76,9 @@ def test_the_most_micro_batches_the_rpc_flag_accepts_run_to_the_end(scripts, tmp
     ("pipeline_pp.py", ["--batch-size", 32, "--micro-batches", 4, 3],
      "--micro-batches 3 does not divide --batch-size 32"),
     ("pipeline_rpc.py", ["--batch-size", 128, "--micro-batches", 65], "must be an integer >= 1 and <= 64, got 65"),
-    ("pipeline_schedules.py", ["--world-size", 3], "--world-size 3: the layouts here are for 2 ranks"),
-    ("pipeline_schedules.py", ["--batch-size", 20, "--micro-batches", 8], "--micro-batches 8 does not divide"),
-    ("pipeline_schedules.py", ["--micro-batches", 2], "must be an integer >= 4, got 2"),
 ], ids=["more-micro-batches-than-samples", "batchnorm-one-value", "unknown-split", "rpc-world-size",
         "pp-world-size", "1f1b-one-micro-batch", "no-micro-batch", "image-too-small", "no-threads",
-        "pp-uneven-micro-batches", "rpc-pool-cap", "schedules-world-size",
-        "schedules-uneven-micro-batches", "schedules-dualpipev-micro-batches"])
+        "pp-uneven-micro-batches", "rpc-pool-cap"])
 def test_bad_input_is_a_one_line_error_before_spawning(scripts, tmp_path, name, flags, message):
     error = refusal(scripts[name], *flags, "--run-dir", tmp_path)
     assert error.startswith(f"{name}: error: ") and message in error, error
@@ -164,56 +159,3 @@ def test_exercise_05a_check_fails_on_logits_gathered_out_of_order(scripts, loop_
             check_script("05a", scripts["pipeline_loop.py"], *LOOP, timeout=120, echo=False)
     finally:
         scripts["pipeline_loop.py"].write_text(loop_source)
-
-
-# exercise 05b: the simulator's part of the check, without a worker (the notebook's check also runs the lists, --run)
-@pytest.fixture(scope="module")
-def schedule_source(scripts):
-    return scripts["schedule_1f1b.py"].read_text()
-
-
-@pytest.fixture
-def variant(scripts):
-    """Where a test writes its version of schedule_1f1b.py: beside it (it imports the lesson's other scripts)."""
-    return scripts["schedule_1f1b.py"].with_name("schedule_1f1b_variant.py")
-
-
-def test_exercise_05b_check_fails_on_the_stub(variant, schedule_source):
-    with pytest.raises(ExerciseFailed, match="^Exercise 05b: not written yet"):
-        check_source("05b", variant, stub(schedule_source), timeout=120)
-
-
-def test_exercise_05b_check_fails_on_a_backward_before_its_forward(variant, schedule_source):
-    swapped = replace_solution(schedule_source, "05b", new="""
-        lists = {}
-        for rank in range(p):
-            warmup = min(p - rank - 1, m)
-            actions = [f"F{k}" for k in range(warmup)]
-            for k in range(m - warmup):
-                actions += [f"B{k}", f"F{warmup + k}"]  # the backward first: on the last rank, before its forward
-            lists[rank] = actions + [f"B{k}" for k in range(m - warmup, m)]
-        return lists
-        """)
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 05b: p=2, m=4: rank 1: 1B0 comes before 1F0, which it needs"):
-        check_source("05b", variant, swapped, timeout=120)
-
-
-def test_exercise_05b_check_fails_on_gpipe_claiming_1f1b_memory(variant, schedule_source):
-    gpipe = replace_solution(schedule_source, "05b", new="""
-        return {rank: [f"F{k}" for k in range(m)] + [f"B{k}" for k in range(m)] for rank in range(p)}
-        """)
-    with pytest.raises(ExerciseFailed, match=r"^Exercise 05b: p=2, m=4: rank 0 holds 4 micro-batches at its peak; "
-                                             r"1F1B holds at most p - rank = 2"):
-        check_source("05b", variant, gpipe, timeout=120)
-
-
-def test_simulator_names_a_deadlock_between_ranks(scripts, monkeypatch):
-    monkeypatch.syspath_prepend(str(scripts["pipeline_sim.py"].parent))
-    sim = importlib.import_module("pipeline_sim")
-    crossed = {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F1", "1B1", "1F0", "1B0"]}  # each waits for the other
-    with pytest.raises(sim.ScheduleError, match="^deadlock: rank 0 waits at 0B0 for 1B0 .or 1I0. of rank 1; "
-                                                "rank 1 waits at 1F1 for 0F1 of rank 0$"):
-        sim.simulate(crossed, {"F": 1, "B": 1}, 2, 2)
-    result = sim.simulate({0: ["0F0", "0I0", "0W0"], 1: ["1F0", "1I0", "1W0"]}, {"F": 1, "I": 1, "W": 1}, 2, 1,
-                          latency=0.5)
-    assert result["step"] == 6 and result["peak"] == {0: 1, 1: 1}  # 0F0, message, 1F0, 1I0, message, 0I0, 0W0

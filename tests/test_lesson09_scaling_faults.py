@@ -133,9 +133,10 @@ def test_sbatch_script_is_bash_that_starts_torchrun_with_the_same_command_on_eve
     ("desync.py", ["--timeout", "0"], "--timeout: must be a finite number <= 3600 and > 0, got 0"),
     ("desync.py", ["--timeout", "2", "--dump-after", "2"], "--dump-after 2 must be shorter than --timeout 2"),
     ("resumable.py", ["--check", "--kill-in-save", "7"], "--kill-in-save 7 must be a checkpoint step after the first"),
+    ("checkpoint_killed.py", ["--writer", "zip", "--run-dir", "x"], "argument --writer: invalid choice: 'zip'"),
 ], ids=["negative-restarts", "endpoint-without-port", "endpoint-port-zero", "no-script", "kill-beyond-run",
         "kill-rank-missing", "batch-not-divisible", "zero-timeout", "dump-after-timeout",
-        "kill-not-at-a-checkpoint"])
+        "kill-not-at-a-checkpoint", "killed-save-unknown-writer"])
 def test_bad_flags_fail_in_one_line_before_anything_starts(scripts, script, flags, message):
     error = refusal(scripts / script, *flags, cwd=scripts)
     assert message in error, error

@@ -69,3 +69,42 @@ def test_local_bytes_count_a_dtensor_by_its_local_shard():
         assert storage_bytes([sharded]) == sharded.to_local().untyped_storage().nbytes()
     finally:
         dist.destroy_process_group()
+
+
+def test_held_saved_counts_what_autograd_holds_until_each_backward_and_its_peak():
+    from helpers.measure.memory import HeldSaved
+
+    layer = nn.Linear(10, 10)
+    current = [None]
+    chunks = [torch.randn(4, 10) for _ in range(3)]
+    with HeldSaved(exclude=layer.parameters(), label=lambda: current[0]) as held:
+        losses = []
+        for k, x in enumerate(chunks):  # GPipe's order: every forward, then every backward
+            current[0] = k
+            losses.append(torch.tanh(layer(x)).sum())  # saves x (for the weight) and tanh's output
+        one = held.peak_bytes // 3
+        assert held.bytes == held.peak_bytes == 3 * one and held.peak_labels == 3 and one == 2 * 4 * 40
+        for k, loss in enumerate(losses):
+            loss.backward()  # frees micro-batch k's graph, and with it what autograd held for it
+            assert held.bytes == (2 - k) * one
+    assert held.bytes == 0 and held.peak_labels == 3
+    with HeldSaved(exclude=layer.parameters(), label=lambda: current[0]) as held:
+        for k, x in enumerate(chunks):  # one forward, then its backward: one micro-batch held at a time
+            current[0] = k
+            torch.tanh(layer(x)).sum().backward()
+    assert held.peak_labels == 1 and held.peak_bytes == one and held.bytes == 0
+
+
+def test_held_saved_releases_a_label_whose_storage_another_label_still_holds():
+    from helpers.measure.memory import HeldSaved
+
+    w = torch.randn(10, 10, requires_grad=True)
+    batch, current = torch.randn(6, 10), [None]
+    with HeldSaved(label=lambda: current[0]) as held:  # three views of one batch: one storage, three labels
+        losses = []
+        for k, x in enumerate(batch.tensor_split(3)):
+            current[0] = k
+            losses.append((x @ w).sum())  # saves x (a view of the batch) for the gradient of w
+        losses[0].backward()
+        assert held.peak_labels == 3 and len(held._labels) == 2  # micro-batch 0 holds nothing now
+        assert held.bytes == batch.nbytes  # the batch's whole storage stays held by the other two

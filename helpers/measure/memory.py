@@ -6,7 +6,9 @@ all-gather buffers, the allocator's cache) appear only in :func:`peak_memory`, a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import weakref
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -110,3 +112,60 @@ class SavedTensorBytes:
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+class HeldSaved:
+    """What autograd *holds* for backward over time, and its peak: each tensor saved inside the block counts
+    from the forward that saved it until autograd lets it go (after its backward frees the graph).
+
+    ``exclude``: tensors whose storage never counts (pass the parameters). ``label``: called at each save, it names
+    what the tensor belongs to (a pipeline's (stage, micro-batch) being computed). Bytes count each storage once,
+    by its whole size; autograd keeps an alias of each saved tensor (no copy), whose death a weak reference sees
+    even where the tensor itself lives on (a pipeline stage's receive buffer).
+
+    Attributes: ``bytes`` (held now), ``peak_bytes``, ``peak_labels`` (the most labels holding something at once).
+
+        with HeldSaved(exclude=model.parameters(), label=lambda: current) as held:
+            ...  # forwards and backwards, in any order
+        print(held.peak_bytes, held.peak_labels)
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), label: Callable[[], object] = lambda: None):
+        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._label, self._lock = label, threading.Lock()  # a CUDA backward frees on autograd's own threads
+        self._storages: dict[int, list[int]] = {}  # storage -> [aliases alive, bytes]
+        self._labels: dict[object, int] = {}  # label -> aliases alive
+        self.bytes = self.peak_bytes = self.peak_labels = 0
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in self._excluded:
+            return tensor
+        alias, label = tensor.detach(), self._label()
+        with self._lock:
+            held = self._storages.setdefault(storage.data_ptr(), [0, storage.nbytes()])
+            self.bytes += held[1] if held[0] == 0 else 0
+            held[0] += 1
+            self._labels[label] = self._labels.get(label, 0) + 1
+            self.peak_bytes, self.peak_labels = max(self.peak_bytes, self.bytes), max(self.peak_labels,
+                                                                                      len(self._labels))
+        weakref.finalize(alias, self._release, storage.data_ptr(), label)
+        return alias
+
+    def _release(self, pointer: int, label: object) -> None:
+        with self._lock:
+            held = self._storages[pointer]
+            held[0] -= 1
+            if held[0] == 0:
+                self.bytes -= self._storages.pop(pointer)[1]
+            self._labels[label] -= 1
+            if self._labels[label] == 0:
+                del self._labels[label]
+
+    def __enter__(self) -> HeldSaved:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)

@@ -28,6 +28,13 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def wall_clock(device: torch.device) -> float:
+    """``time.time()``, which every process of a machine shares, once the GPU's queued work (if any) is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time()
+
+
 class Laps:
     """Seconds spent in named phases, summed over repeats: ``start()``, then ``lap(name)`` after each phase.
 
@@ -139,13 +146,15 @@ class ActionLog:
 
     F is a forward, B a full backward, I the backward to the input only, W the weight gradients it left for
     later (the zero-bubble schedules). The stage's methods are wrapped on this instance, nothing else changes;
-    ``time.time()`` is shared by every process of a machine, so the ranks' rows lie on one axis. "wait" rows
+    ``time.time()`` is shared by every process of a machine, so the ranks' rows lie on one axis; on a GPU each
+    action is timed from and to a ``torch.cuda.synchronize`` (its kernels, not their launch). ``current`` is the
+    (stage, micro-batch) of the last action started. "wait" rows
     (stage -1, micro-batch -1) time the schedule's waits for its sends and receives, where its module exposes them
     (a private function of torch's; without it those waits stay in the idle time).
     """
 
     def __init__(self, stages):
-        self.rows = []
+        self.rows, self.current = [], None
         for stage in stages:
             self._wrap(stage)
         import torch.distributed.pipelining.schedules as schedules
@@ -156,19 +165,19 @@ class ActionLog:
         if wait is not None:
             wait.logs[:] = [self]  # the newest log of this process takes the waits
 
-    def _timed(self, stage, action, k, fn, *args, **kwargs):
-        start = time.time()
+    def _timed(self, device, stage, action, k, fn, *args, **kwargs):
+        self.current, start = (stage, k), wall_clock(device)
         out = fn(*args, **kwargs)
-        self.rows.append((stage, action, k, start, time.time()))
+        self.rows.append((stage, action, k, start, wall_clock(device)))
         return out
 
     def _wrap(self, stage):
-        i = stage.stage_index
+        i, d = stage.stage_index, torch.device(stage.device)
         forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
-        stage.forward_one_chunk = lambda k, *a, **kw: self._timed(i, "F", k, forward, k, *a, **kw)
+        stage.forward_one_chunk = lambda k, *a, **kw: self._timed(d, i, "F", k, forward, k, *a, **kw)
         stage.backward_one_chunk = lambda k, *a, full_backward=True, **kw: self._timed(
-            i, "B" if full_backward else "I", k, backward, k, *a, full_backward=full_backward, **kw)
-        stage.backward_weight_one_chunk = lambda k, *a, **kw: self._timed(i, "W", k, weight, k, *a, **kw)
+            d, i, "B" if full_backward else "I", k, backward, k, *a, full_backward=full_backward, **kw)
+        stage.backward_weight_one_chunk = lambda k, *a, **kw: self._timed(d, i, "W", k, weight, k, *a, **kw)
 
     def take(self) -> list[tuple[int, str, int, float, float]]:
         """The rows since the last call, in the order they ended; starts a new list."""
@@ -178,15 +187,16 @@ class ActionLog:
 
 def message_seconds(tensor: torch.Tensor, rank: int, peer: int, trips: int = 20) -> float:
     """The time one message of ``tensor`` takes between this rank and ``peer`` (both call it): half the median
-    round trip of ``trips`` send/recv pairs on the default process group. Rank ``min(rank, peer)`` sends first."""
+    round trip of ``trips`` send/recv pairs on the default process group. Rank ``min(rank, peer)`` sends first.
+    A CUDA tensor's trip is timed to its arrival on the GPU (:func:`clock` synchronises)."""
     import torch.distributed as dist
 
     seconds = []
     for _ in range(trips):
-        start = time.perf_counter()
+        start = clock(tensor.device)
         for sender in sorted((rank, peer)):
             dist.send(tensor, peer) if rank == sender else dist.recv(tensor, peer)
-        seconds.append((time.perf_counter() - start) / 2)
+        seconds.append((clock(tensor.device) - start) / 2)
     return sorted(seconds)[len(seconds) // 2]
 
 
