@@ -34,8 +34,8 @@ BATCH = 16
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lesson15")
-    return write_scripts(folder, "06_pipeline_schedules.ipynb", "10_sharding.ipynb", "13_experts.ipynb", "14_context.ipynb",
-                         NOTEBOOK)
+    return write_scripts(folder, "06_pipeline_schedules.ipynb", "10_sharding.ipynb", "13_experts.ipynb",
+                         "14_context.ipynb", NOTEBOOK)
 
 
 @pytest.fixture(scope="module")
