@@ -4,8 +4,9 @@ The notebook's check cells, run by nbmake in the quick profile, already assert e
 layout's bytes per rank against ZeRO's formula, its collectives, the same steps as one process in float64,
 FSDP2's gathered weights with and without resharding, HSDP on a 2-D mesh, the DCP checkpoint saved by 2 ranks
 and loaded by 1, ZeRO-2 (exercise 10a, whose check is shown failing here on its stub and on wrong answers),
-and a refusal started from the command line (exit code 2, nothing spawned). Running those scripts again here would add time,
-not coverage. What is left: every script's flag checks, run in this process (no interpreter, no worker).
+and a refusal started from the command line (exit code 2, nothing spawned). Running those scripts again here
+would add time, not coverage. What is left: every script's flag checks, run in this process (no interpreter, no
+worker).
 """
 
 import pytest
