@@ -5,8 +5,9 @@ a step and how activations grow, checkpointing's saved bytes and equal gradients
 equal to one process with its all-reduces counted (exercise 12a: its check is shown
 failing here), bfloat16's bytes per collective and loss, one all-reduce
 per DDP bucket and the overlap of many buckets, the compression hooks' bytes against their rules, FSDP2's
-bytes per rank to 64 ranks with the fake process group, the compiled DDP step (one graph per bucket, equal
-to eager, its two failures) and compiled FSDP2, and three refusals started from the command line.
+bytes per rank to 64 ranks with the fake process group, the compiled DDP step (its graphs by DDPOptimizer's rule,
+equal to eager, its overlap, the refused cap and the compiled wrapper) and compiled FSDP2, and three refusals
+started from the command line.
 What is left: every script's flag checks, run in this process (no interpreter, no worker), the same seed
 giving the same numbers, and the reading of part 5's timeline where no GPU is: its kernels, made up.
 """
