@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -114,3 +115,20 @@ def no_process_left_behind():
     for p in alive:
         p.kill()
     assert not alive, f"processes outlived the test: {[p.cmdline() for p in alive]}"
+
+
+def code_cell(notebook: str, text: str) -> str:
+    """The source of the one code cell of lesson ``notebook`` that contains ``text``."""
+    sources = ["".join(c["source"]) for c in json.loads((NOTEBOOKS / notebook).read_text())["cells"]
+               if c["cell_type"] == "code"]
+    (found,) = [s for s in sources if text in s]
+    return found
+
+
+def run_exercise(exercise_cell: str, check_cell: str, space: dict | None = None) -> str:
+    """Run an exercise's cell, then its check cell, as the notebook would (in ``space``); return the verdict line."""
+    space = {} if space is None else space
+    exec("import torch\nfrom helpers.exercises import check, first_difference", space)
+    exec(exercise_cell, space)
+    exec(check_cell.rstrip().rstrip(";").replace('check("', 'verdict = check("', 1), space)
+    return space["verdict"]

@@ -149,7 +149,7 @@ def test_bad_flags_are_refused_in_one_line_before_spawning(modules, script, flag
     assert refused.value.code == 2 and message in last_line, last_line
 
 
-def exercise_06a_cells():
+def exercise_07a_cells():
     """The source of exercise 07a's cell and of the cell that checks it, from the notebook."""
     cells = ["".join(c["source"]) for c in json.loads(
         (Path(__file__).resolve().parent.parent / "notebooks" / NOTEBOOK).read_text())["cells"]
@@ -159,17 +159,17 @@ def exercise_06a_cells():
     return exercise, harness
 
 
-def problem_06a(exercise_source, harness):
+def problem_07a(exercise_source, harness):
     space = {"torch": torch}
     exec(exercise_source + "\n" + harness, space)  # noqa: S102 (the notebook's own cells)
     return check("07a", lambda: space["versioned_update_problem"](space["VersionedWeights"]))
 
 
-def test_exercise_06a_check_passes_the_solution_and_fails_the_stub():
-    exercise, harness = exercise_06a_cells()
-    assert problem_06a(exercise, harness) == "Exercise 07a: correct"
+def test_exercise_07a_check_passes_the_solution_and_fails_the_stub():
+    exercise, harness = exercise_07a_cells()
+    assert problem_07a(exercise, harness) == "Exercise 07a: correct"
     with pytest.raises(ExerciseFailed, match="^Exercise 07a: not written yet"):
-        problem_06a(stub(exercise), harness)
+        problem_07a(stub(exercise), harness)
 
 
 @pytest.mark.parametrize("old, new, message", [
@@ -184,7 +184,7 @@ def test_exercise_06a_check_passes_the_solution_and_fails_the_stub():
      "            staleness = self.version - version\n            self.version += 1",
      r"the copy of version \d+ element \[0\]: expected .*, got "),  # which version is checked first: threads
 ], ids=["publishes-the-live-weights", "loses-the-version", "staleness-off-by-one", "publishes-before-the-step"])
-def test_exercise_06a_check_fails_on_a_wrong_update(old, new, message):
-    exercise, harness = exercise_06a_cells()
+def test_exercise_07a_check_fails_on_a_wrong_update(old, new, message):
+    exercise, harness = exercise_07a_cells()
     with pytest.raises(ExerciseFailed, match=f"^Exercise 07a: {message}"):
-        problem_06a(replace_solution(exercise, "07a", old, new), harness)
+        problem_07a(replace_solution(exercise, "07a", old, new), harness)

@@ -71,7 +71,7 @@ def test_async_updates_run_to_the_end_with_identical_dense_replicas(scripts, tmp
 FORWARD = ["--batch-size", 8, "--num-ids", 40, "--dim", 8]
 
 
-def check_07a(scripts, source):
+def check_08a(scripts, source):
     (scripts / "ddp_rpc_forward.py").write_text(source)
     return check_script("08a", scripts / "ddp_rpc_forward.py", *FORWARD, timeout=120, echo=False)
 
@@ -83,20 +83,20 @@ def forward_source(scripts):
     (scripts / "ddp_rpc_forward.py").write_text(source)
 
 
-def test_exercise_07a_check_fails_on_the_stub(scripts, forward_source):
+def test_exercise_08a_check_fails_on_the_stub(scripts, forward_source):
     with pytest.raises(ExerciseFailed, match="^Exercise 08a: not written yet"):
-        check_07a(scripts, stub(forward_source))
+        check_08a(scripts, stub(forward_source))
 
 
-def test_exercise_07a_check_fails_when_the_forward_skips_ddp(scripts, forward_source):
+def test_exercise_08a_check_fails_when_the_forward_skips_ddp(scripts, forward_source):
     # the module inside the DDP wrapper computes the same logits, but nothing all-reduces its gradients
     wrong = replace_solution(forward_source, "08a", "logits = dense(vectors", "logits = dense.module(vectors")
     with pytest.raises(ExerciseFailed, match=r"^Exercise 08a: trainer\d dense weight gradient \(the whole batch's, "
                                              r"averaged by DDP\) element \[\d+, \d+\]: expected .*, got "):
-        check_07a(scripts, wrong)
+        check_08a(scripts, wrong)
 
 
-def test_exercise_07a_check_fails_on_a_summed_loss(scripts, forward_source):
+def test_exercise_08a_check_fails_on_a_summed_loss(scripts, forward_source):
     wrong = replace_solution(forward_source, "08a", "labels.to(device))", "labels.to(device), reduction=\"sum\")")
     with pytest.raises(ExerciseFailed, match=r"^Exercise 08a: trainer\d loss of its half element \[\]: expected "):
-        check_07a(scripts, wrong)
+        check_08a(scripts, wrong)

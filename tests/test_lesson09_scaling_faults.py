@@ -153,7 +153,7 @@ def check_resumable(scripts, tmp_path, source):
     return check_script("09a", path, *RESUME, "--run-dir", tmp_path / "run", timeout=120, echo=False)
 
 
-def test_exercise_08a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
+def test_exercise_09a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
     source = (scripts / "resumable.py").read_text()
     assert "resumed from step 15" in check_resumable(scripts, tmp_path, source)
     with pytest.raises(ExerciseFailed, match="^Exercise 09a: not written yet"):

@@ -77,7 +77,7 @@ def check_accumulate(scripts, tmp_path, source):
     return check_source("12a", path, source, *ACCUMULATE, "--run-dir", tmp_path)
 
 
-def test_exercise_10a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
+def test_exercise_12a_passes_the_solution_and_fails_the_stub_and_wrong_answers(scripts, tmp_path):
     source = scripts["step_accumulate.py"].read_text()
     assert "equal one process's steps" in check_accumulate(scripts, tmp_path, source)
     with pytest.raises(ExerciseFailed, match="^Exercise 12a: not written yet"):

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import NOTEBOOKS, refusal, write_scripts
+from conftest import code_cell, refusal, run_exercise, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.runner import ScriptError, run_script
@@ -28,20 +28,7 @@ def scripts(tmp_path_factory):
 
 
 def cell(text):
-    """The source of the lesson's code cell that contains ``text``."""
-    sources = ["".join(c["source"]) for c in json.loads((NOTEBOOKS / NOTEBOOK).read_text())["cells"]
-               if c["cell_type"] == "code"]
-    (found,) = [s for s in sources if text in s]
-    return found
-
-
-def run_exercise(exercise_cell, check_cell):
-    """Run an exercise cell, then its check cell, as the notebook would; return the verdict line."""
-    space = {}
-    exec("import torch\nfrom helpers.exercises import check, first_difference", space)
-    exec(exercise_cell, space)
-    exec(check_cell.rstrip().rstrip(";").replace("check(", "verdict = check(", 1), space)
-    return space["verdict"]
+    return code_cell(NOTEBOOK, text)
 
 
 def test_exercise_13a_check_fails_on_the_stub_and_on_wrong_dispatches():

@@ -9,10 +9,9 @@ failing on their stubs and on plausible wrong answers (Ulysses' in the full prof
 all-gather taken for Ulysses failing on what it sends), and every script's flag checks (no worker started).
 """
 
-import json
 
 import pytest
-from conftest import NOTEBOOKS, check_source, refusal, write_scripts
+from conftest import check_source, code_cell, refusal, run_exercise, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 
@@ -25,20 +24,7 @@ def scripts(tmp_path_factory):
 
 
 def cell(text):
-    """The source of the lesson's code cell that contains ``text``."""
-    sources = ["".join(c["source"]) for c in json.loads((NOTEBOOKS / NOTEBOOK).read_text())["cells"]
-               if c["cell_type"] == "code"]
-    (found,) = [s for s in sources if text in s]
-    return found
-
-
-def run_exercise(exercise_cell, check_cell):
-    """Run an exercise cell, then its check cell, as the notebook would; return the verdict line."""
-    space = {}
-    exec("import torch\nfrom helpers.exercises import check, first_difference", space)
-    exec(exercise_cell, space)
-    exec(check_cell.rstrip().rstrip(";").replace("check(", "verdict = check(", 1), space)
-    return space["verdict"]
+    return code_cell(NOTEBOOK, text)
 
 
 def test_exercise_14a_check_fails_on_the_stub_and_on_merges_without_the_log_sum_exp(scripts, monkeypatch):

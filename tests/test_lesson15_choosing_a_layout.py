@@ -19,7 +19,7 @@ import sys
 import types
 
 import pytest
-from conftest import NOTEBOOKS, refusal, write_scripts
+from conftest import code_cell, refusal, run_exercise, write_scripts
 
 from helpers.exercises import ExerciseFailed, replace_solution, stub
 from helpers.measure.timing import fit_alpha_beta
@@ -272,22 +272,10 @@ def test_each_pipeline_stage_meets_its_prediction_and_1f1b_is_not_gpipe(scripts,
 
 
 def cell(text):
-    """The source of the lesson's code cell that contains ``text``."""
-    sources = ["".join(c["source"]) for c in json.loads((NOTEBOOKS / NOTEBOOK).read_text())["cells"]
-               if c["cell_type"] == "code"]
-    (found,) = [s for s in sources if text in s]
-    return found
+    return code_cell(NOTEBOOK, text)
 
 
-def run_exercise(exercise_cell, check_cell, space):
-    """Run an exercise cell, then its check cell, as the notebook would; return the verdict line."""
-    exec("from helpers.exercises import check", space)
-    exec(exercise_cell, space)
-    exec(check_cell.rstrip().rstrip(";").replace('check("', 'verdict = check("', 1), space)
-    return space["verdict"]
-
-
-def test_exercise_12a_check_fails_on_the_stub_and_on_wrong_formulas(scripts, measured):
+def test_exercise_15a_check_fails_on_the_stub_and_on_wrong_formulas(scripts, measured):
     model = load_model(scripts)
     runs = {(mode, 2, False): record for mode, record in measured.items()}
     space = lambda: dict(runs=runs, TINY=model.Shapes(**SMALL), measured_held=lambda r: {  # noqa: E731
@@ -304,7 +292,7 @@ def test_exercise_12a_check_fails_on_the_stub_and_on_wrong_formulas(scripts, mea
         run_exercise(zero2_whole, checker, space())
 
 
-def test_exercise_12b_check_fails_on_the_stub_and_on_adding_the_whole_allreduce():
+def test_exercise_15b_check_fails_on_the_stub_and_on_adding_the_whole_allreduce():
     solution, checker = cell("# Exercise 15b"), cell('check("15b"')  # the check cell holds its cases
     assert run_exercise(solution, checker, {}).startswith("Exercise 15b: all 3 cases")
     with pytest.raises(ExerciseFailed, match="^Exercise 15b: not written yet"):
