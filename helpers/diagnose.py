@@ -253,11 +253,12 @@ def watch_ranks(context, grace: float = 2.0) -> dict:
                 if dump:
                     report["stacks"][index] = dump[index]
                     continue
-                texts[index] = None if process.is_alive() else traceback_of(index)  # it may have ended meanwhile
+                alive = process.is_alive()  # it may have ended while py-spy tried: then its traceback, if any
+                texts[index] = None if alive else traceback_of(index)
                 if not texts[index]:
                     why = said.getvalue().strip().splitlines()
-                    report["unread"][index] = (why[-1].removeprefix("py-spy dump skipped: ") if why and
-                                               process.is_alive() else "it ended before its stack could be read")
+                    report["unread"][index] = (why[-1].removeprefix("py-spy dump skipped: ") if alive and why
+                                               else "it ended before its stack could be read")
                     continue
             if texts.get(index):
                 report["stacks"][index] = texts[index]

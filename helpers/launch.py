@@ -187,8 +187,8 @@ class Worker:
         if short is not None:
             kwargs.setdefault("timeout", short)
             if self.backend == "nccl":  # a timed-out collective raises in Python, as on gloo, with a traceback
-                os.environ.update({**NCCL_EXERCISE_ENV, **{k: v for k, v in os.environ.items()
-                                                           if k in NCCL_EXERCISE_ENV}})
+                for name, value in NCCL_EXERCISE_ENV.items():
+                    os.environ.setdefault(name, value)
         dist.init_process_group(**{"backend": self.backend, "init_method": self.init_method,
                                    "rank": self.rank, "world_size": self.world_size, **kwargs})
 
