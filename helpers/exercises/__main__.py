@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from helpers.exercises.format import NOTEBOOKS, exercises, write_learner_notebooks
+from helpers.exercises.format import exercises, write_learner_notebooks
 from helpers.exercises.nbgrader import write_nbgrader
+from helpers.lessons import NOTEBOOKS
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,7 @@
 """The exercises' format: the markers around a solution, the learner's stub, the learner's version of a lesson,
 and what makes a run an exercise run (the ``# Exercise NNx:`` line, or ``COURSE_EXERCISE``) with its short
-timeout. No import of the rest of :mod:`helpers`: the launcher and the diagnosis read it too."""
+timeout. Of the rest of :mod:`helpers` it imports only :mod:`helpers.lessons`: the launcher and the diagnosis read it
+too."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import textwrap
 from datetime import timedelta
 from pathlib import Path
 
+from helpers.lessons import NOTEBOOKS
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
-NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 TITLE = re.compile(r"^[ \t]*# Exercise (\d\d[a-z]): (.+)$", re.M)
 REGION = re.compile(r"^([ \t]*)" + re.escape(BEGIN) + r"[ \t]*\n(.*?)^[ \t]*" + re.escape(END) + r"[ \t]*(?:\n|\Z)",
                     re.M | re.S)

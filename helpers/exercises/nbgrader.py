@@ -8,7 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from helpers.exercises.format import BEGIN, NOTEBOOKS, exercises
+from helpers.exercises.format import BEGIN, exercises
+from helpers.lessons import NOTEBOOKS
 
 # --- an nbgrader course directory -------------------------------------------------------------------------------
 
