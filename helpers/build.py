@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from helpers import warm
 from helpers.lessons import NOTEBOOKS, is_check, runs
 from helpers.site import course_repository, figures, fill_repository, site
 
@@ -199,6 +200,8 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows, machine = [], None if args.site_only else probe_machine()
+    if not args.site_only:
+        warm.share()  # one starter for every lesson's kernel, instead of one each that imports torch again
     for nb in [] if args.site_only else notebooks:
         print(f"running {nb.name} ...", flush=True)
         ok, seconds, error = execute(nb, out, args.cell_timeout, machine)

@@ -97,17 +97,27 @@ def run_script(script, *args, timeout: float = 600, env: dict | None = None,
 
 
 def running_children() -> list[psutil.Process]:
-    """Processes this one started (and theirs) that still run, leaving out :mod:`helpers.warm`'s starter,
-    which lives as long as this process by design (the scripts it started for this process are counted)."""
-    server = warm.server_pid()
+    """Processes this one started (and theirs) that still run, leaving out :mod:`helpers.warm`'s starters,
+    which live as long as this process by design. The scripts a starter forked for this process count, also
+    those of a starter lent by an ancestor (:func:`helpers.warm.share`), which are not its children."""
+    servers = warm.server_pids()
     found = []
-    for p in psutil.Process().children(recursive=True):
+    for pid in warm.lent_scripts():
         try:
-            if p.pid != server and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            script = psutil.Process(pid)
+            found += [script, *script.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
-    return found
+    for p in psutil.Process().children(recursive=True):
+        found.append(p)
+    alive = []
+    for p in found:
+        try:
+            if p.pid not in servers and p.status() != psutil.STATUS_ZOMBIE and p not in alive:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
 
 
 def _pump(stream, pipe: queue.Queue) -> None:

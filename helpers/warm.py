@@ -12,7 +12,8 @@ The warm path is taken only where it is the same as a fresh interpreter (:func:`
 GPU device present (the CUDA runtime does not survive a fork). The server imports under the request's
 import-time environment (``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...); a request with another one replaces it
 (or, while one of its scripts runs, gets a fresh interpreter). Where :func:`start` returns None the caller
-starts a fresh interpreter, as before. The server holds no run's state, starts no thread,
+starts a fresh interpreter, as before. :func:`share` lends a process's starter to the processes it starts
+(the Jupyter kernels of ``make test`` and ``make course``), so that they do not each import torch again. The server holds no run's state, starts no thread,
 touches no GPU, ignores Ctrl-C (a child gets the default handlers back), and ends when its caller does.
 """
 
@@ -42,8 +43,12 @@ IMPORT_TIME = re.compile(r"^(PYTHON|OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|LD_|MALLOC_|G
 PROCESS_START = re.compile(r"^(PYTHON|LD_|MALLOC_|GLIBC_TUNABLES|OMP_|GOMP_|KMP_|MKL_|OPENBLAS_)")
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
+SHARED = "COURSE_WARM_SOCKET"  # the address of a starter lent by an ancestor process (see share())
+
 _lock = threading.Lock()
 _server: dict = {}  # pid -> the caller's server: {"proc", "path", "environment"}
+_shared: dict = {}  # pid -> the server this process lends (share()), which nothing replaces
+_lent: dict = {}  # pid -> {script pid: its WarmProcess} of the scripts a lent starter forked for this process
 
 
 def environment_read(env, pattern=IMPORT_TIME) -> dict:
@@ -68,10 +73,39 @@ def fresh_seeds() -> None:
         sys.modules["numpy"].random.seed()
 
 
-def server_pid() -> int | None:
-    """The pid of this process's warm starter, if one runs (tests leave it out of their process counts)."""
-    entry = _server.get(os.getpid())
-    return entry["proc"].pid if entry and entry["proc"].poll() is None else None
+def server_pids() -> set[int]:
+    """The pids of the warm starters this process started and that still run (its own and the one it lends):
+    tests leave them out of their process counts."""
+    entries = (_server.get(os.getpid()), _shared.get(os.getpid()))
+    return {e["proc"].pid for e in entries if e and e["proc"].poll() is None}
+
+
+def lent_scripts() -> list[int]:
+    """The pids of this process's scripts that a starter lent by an ancestor forked and that still run: they
+    are not this process's children, but they count as such (:func:`helpers.runner.running_children`)."""
+    scripts = _lent.get(os.getpid(), {})
+    for pid in [pid for pid, proc in scripts.items() if proc.poll() is not None]:
+        del scripts[pid]
+    return list(scripts)
+
+
+def share() -> str | None:
+    """Start a starter for this process's environment and lend it to every process started from here on
+    (its address in ``os.environ[SHARED]``): a Jupyter kernel that runs a lesson then forks its scripts from
+    it instead of starting a starter of its own, which would import torch once more. A process whose
+    import-time environment differs is refused by it and starts its own. Returns the address, or None where
+    no starter can be used (:func:`usable`)."""
+    if not usable():
+        return None
+    with _lock:
+        entry = _shared.get(os.getpid())
+        if entry is None or entry["proc"].poll() is not None:
+            entry = _start_server({**os.environ, "PYTHONUNBUFFERED": "1"})  # what run_script's requests carry
+            if entry is None:
+                return None
+            _shared[os.getpid()] = entry
+    os.environ[SHARED] = entry["path"]
+    return entry["path"]
 
 
 def _ensure_server(env: dict) -> dict | None:
@@ -87,20 +121,27 @@ def _ensure_server(env: dict) -> dict | None:
             entry["proc"].kill()
             entry["proc"].wait()
             shutil.rmtree(os.path.dirname(entry["path"]), ignore_errors=True)
-        folder = tempfile.mkdtemp(prefix="course-warm-")  # 0700: only this user can connect
-        path = os.path.join(folder, "socket")
-        proc = subprocess.Popen([sys.executable, "-m", "helpers.warm", path, str(os.getpid())],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                start_new_session=True, text=True, env=env)
-        ready = proc.stdout.readline().strip()  # the server says "ready" once its imports are done
-        proc.stdout.close()
-        if ready != "ready":
-            proc.kill()
-            proc.wait()
-            return None
-        entry = {"proc": proc, "path": path, "environment": environment_read(env), "running": 0}
-        _server[os.getpid()] = entry
+        entry = _start_server(env)
+        if entry is not None:
+            _server[os.getpid()] = entry
         return entry
+
+
+def _start_server(env: dict) -> dict | None:
+    """A new starter that imported under ``env``, once it is ready; None if it failed to start."""
+    folder = tempfile.mkdtemp(prefix="course-warm-")  # 0700: only this user can connect
+    path = os.path.join(folder, "socket")
+    proc = subprocess.Popen([sys.executable, "-m", "helpers.warm", path, str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True, text=True, env={k: v for k, v in env.items() if k != SHARED})
+    ready = proc.stdout.readline().strip()  # the server says "ready" once its imports are done
+    proc.stdout.close()
+    if ready != "ready":
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return {"proc": proc, "path": path, "environment": environment_read(env), "running": 0}
 
 
 class WarmProcess:
@@ -141,9 +182,21 @@ def start(argv: list[str], cwd, env: dict):
     ``stdout`` carries the script's stdout and stderr as text, or None where a fresh interpreter is needed."""
     if not usable(env):
         return None
-    entry = _ensure_server(env)
-    if entry is None:
-        return None
+    with _lock:
+        own = _server.get(os.getpid())
+        own = own if own and own["proc"].poll() is None and own["environment"] == environment_read(env) else None
+    lent = os.environ.get(SHARED)
+    if own is None and lent:  # a starter lent by an ancestor (or by this process): it refuses another environment
+        proc = _request({"path": lent, "running": 0}, argv, cwd, env)
+        if proc is not None:
+            _lent.setdefault(os.getpid(), {})[proc.pid] = proc
+            return proc
+    entry = own or _ensure_server(env)
+    return None if entry is None else _request(entry, argv, cwd, env)
+
+
+def _request(entry: dict, argv: list[str], cwd, env: dict):
+    """Ask the starter of ``entry`` to fork the script: its WarmProcess, or None if it refused or is gone."""
     read, write = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -162,6 +215,10 @@ def start(argv: list[str], cwd, env: dict):
         return None
     finally:
         os.close(write)
+    if not reply.startswith(b"pid "):  # "refused": it imported under another environment
+        conn.close()
+        os.close(read)
+        return None
     stdout = open(read, encoding=None, errors="replace", newline=None)
     with _lock:
         entry["running"] += 1
@@ -175,6 +232,7 @@ def _serve(path: str, parent: int) -> int | None:
     """Accept requests until the caller ``parent`` is gone. In a forked child, return the script's exit code."""
     import importlib
 
+    imported_under = environment_read(os.environ)  # before the imports, which may set some (torch does)
     for name in PRELOAD:
         importlib.import_module(name)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal or a kernel interrupt is not for us
@@ -204,6 +262,11 @@ def _serve(path: str, parent: int) -> int | None:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
             request = json.loads(message)
+            if environment_read(request["env"]) != imported_under:  # a lent starter serves its own environment
+                os.close(fds[0])
+                conn.sendall(b"refused\n")
+                conn.close()
+                continue
             pid = os.fork()
             if pid == 0:  # the script's process: drop the server's state, keep only what the script needs
                 signal.set_wakeup_fd(-1)

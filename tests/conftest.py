@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -19,6 +20,16 @@ from helpers.lessons import write_lesson_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+
+
+def pytest_configure(config):
+    """One warm starter for the whole run (:func:`helpers.warm.share`): started by the first pytest process
+    (the controller of ``-n 2``), it serves both workers and every lesson's Jupyter kernel, which would
+    otherwise each start one and import torch in it again."""
+    from helpers import warm
+
+    if not os.environ.get(warm.SHARED):
+        warm.share()
 
 
 def pytest_collection_modifyitems(session, config, items):

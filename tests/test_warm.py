@@ -16,6 +16,12 @@ from helpers.runner import ScriptError, run_script, running_children
 
 pytestmark = pytest.mark.skipif(not warm.usable(), reason="the warm starter runs on Linux with no GPU present")
 
+
+@pytest.fixture(autouse=True)
+def own_starter(monkeypatch):
+    """These tests are of this process's own starter: not of the one the test run lends (conftest.py)."""
+    monkeypatch.delenv(warm.SHARED, raising=False)
+
 PROBE = textwrap.dedent('''
     import json, os, sys
     import numpy, torch
@@ -56,7 +62,7 @@ def probe(tmp_path, code=0, env=None):
 
 def test_a_warm_script_is_what_python_would_have_run(tmp_path):
     run, seen, ranks = probe(tmp_path)
-    assert seen["ppid"] == warm.server_pid(), "the script should have been forked by the warm starter"
+    assert seen["ppid"] in warm.server_pids(), "the script should have been forked by the warm starter"
     assert seen["argv"][1:] == ["0"] and seen["cwd"] == str(tmp_path) and seen["name"] == "__main__"
     assert seen["file"] == str(tmp_path / "probe.py") and seen["env"] == "yes" and seen["stdin"] == ""
     assert seen["session_leader"], "run_script's kill_group needs the script to lead its own session"
@@ -89,7 +95,8 @@ def test_another_import_time_environment_gets_a_starter_that_imported_under_it(t
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout
     _, seen, _ = probe(tmp_path, env={"PYTHONHASHSEED": seed})
     assert seen["hash"] == int(fresh), "Python reads PYTHONHASHSEED as it starts: the script must hash with it"
-    assert seen["ppid"] == warm.server_pid() != first["ppid"] and not psutil.pid_exists(first["ppid"]), \
+    assert seen["ppid"] in warm.server_pids() and seen["ppid"] != first["ppid"] \
+        and not psutil.pid_exists(first["ppid"]), \
         "the starter should have been replaced by one that started with the new PYTHONHASHSEED"
     _, seen, ranks = probe(tmp_path, env={"COURSE_WARM": "0"})
     assert seen["ppid"] == os.getpid() and seen["method"] == "spawn" and len(ranks) == 2
@@ -99,7 +106,7 @@ def test_the_starter_ends_with_its_caller(tmp_path):
     (tmp_path / "noop.py").write_text("print('ran')\n")
     caller = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom helpers import warm\nfrom helpers.runner import run_script\n"
-         "run_script(sys.argv[1], echo=False)\nprint(warm.server_pid(), flush=True)\ntime.sleep(60)",
+         "run_script(sys.argv[1], echo=False)\nprint(*warm.server_pids(), flush=True)\ntime.sleep(60)",
          str(tmp_path / "noop.py")], stdout=subprocess.PIPE, text=True)
     server = int(caller.stdout.readline())
     assert psutil.Process(server).ppid() == caller.pid
@@ -109,6 +116,43 @@ def test_the_starter_ends_with_its_caller(tmp_path):
     while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the warm starter outlived its caller"
         time.sleep(0.1)
+
+
+LENT = textwrap.dedent('''
+    import json, os, sys, threading, time
+    from helpers import warm
+    from helpers.runner import run_script, running_children
+
+    def ppid(**env):
+        return int(run_script("ppid.py", cwd=sys.argv[1], echo=False, env=env).output)
+
+    seen = {"lent": ppid(), "other": ppid(PYTHONHASHSEED="7"), "own": sorted(warm.server_pids())}
+    slow = threading.Thread(target=run_script, args=("ppid.py",), kwargs=dict(cwd=sys.argv[1], echo=False,
+                                                                              env={"SLEEP": "3"}))
+    slow.start()
+    time.sleep(1.5)
+    seen["counted"] = len(running_children())  # the lent starter's script, which is not this process's child
+    slow.join()
+    seen["after"] = len(running_children())
+    print(json.dumps(seen))
+''')
+
+
+def test_a_lent_starter_serves_the_processes_started_after_it_and_only_its_own_environment(tmp_path):
+    (tmp_path / "ppid.py").write_text("import os, time\nprint(os.getppid())\n"
+                                      "time.sleep(float(os.environ.get('SLEEP', 0)))\n")
+    lender = subprocess.run(
+        [sys.executable, "-c", "import subprocess, sys\nfrom helpers import warm\nwarm.share()\n"
+         "print(*warm.server_pids(), flush=True)\n"
+         "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], check=True)", LENT, str(tmp_path)],
+        capture_output=True, text=True, timeout=180)
+    assert lender.returncode == 0, lender.stderr[-3000:]
+    server, report = lender.stdout.splitlines()[:2]
+    seen = json.loads(report)
+    assert seen["lent"] == int(server), "a process started after share() should fork its scripts from it"
+    assert seen["other"] != int(server) and seen["own"] == [seen["other"]], \
+        "another import-time environment gets a starter of the caller's own"
+    assert seen["counted"] == 1 and seen["after"] == 0, "a script the lent starter forked counts as a child"
 
 
 def test_environment_a_process_reads_as_it_starts_set_for_the_workers_makes_them_spawned(tmp_path):
