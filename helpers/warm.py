@@ -13,8 +13,9 @@ GPU device present (the CUDA runtime does not survive a fork). The server import
 import-time environment (``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...); a request with another one replaces it
 (or, while one of its scripts runs, gets a fresh interpreter). Where :func:`start` returns None the caller
 starts a fresh interpreter, as before. :func:`share` lends a process's starter to the processes it starts
-(the Jupyter kernels of ``make test`` and ``make course``), so that they do not each import torch again. The server holds no run's state, starts no thread,
-touches no GPU, ignores Ctrl-C (a child gets the default handlers back), and ends when its caller does.
+(the Jupyter kernels of ``make test`` and ``make course``), so that they do not each import torch again.
+The server holds no run's state, starts no thread, touches no GPU, ignores Ctrl-C (a child gets the default
+handlers back), and ends when its caller does.
 """
 
 from __future__ import annotations
