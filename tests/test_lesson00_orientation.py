@@ -91,11 +91,13 @@ def test_exercise_00a_check_fails_on_the_stub_and_on_a_call_on_a_local_copy(scri
     path = scripts["remote_method_exercise.py"]
     source = path.read_text()
     assert check_source("00a", path, source, timeout=120).startswith("Exercise 00a: add(5), add(2)")
+    # the learner's version keeps the function's signature: only its body is replaced
+    assert "\ndef my_remote_method(method, rref, *args, **kwargs):\n" in stub(source)
     with pytest.raises(ExerciseFailed, match="^Exercise 00a: not written yet"):
         check_source("00a", path, stub(source), timeout=120)
     # to_here() on the caller: the method changes a copy, here, and the owner's Counter never moves
     local_copy = replace_solution(
-        source, "00a", "return rpc.rpc_sync(rref.owner(), run_on_owner, args=(method, rref, *args), kwargs=kwargs)",
+        source, "00a", "return rpc.rpc_sync(rref.owner(), my_remote_method, args=(method, rref, *args), kwargs=kwargs)",
         "return method(rref.to_here(), *args, **kwargs)")
     with pytest.raises(ExerciseFailed, match=r"^Exercise 00a: then add\(2\): expected 7, got 2$"):
         check_source("00a", path, local_copy, timeout=120)

@@ -14,7 +14,7 @@ from conftest import refusal
 
 from helpers.exercises import ExerciseFailed, check_script, failure_of, replace_solution, stub
 from helpers.metrics import read_metrics
-from helpers.runner import run_script
+from helpers.runner import ScriptError, run_script
 
 SHORT = {"COURSE_EXERCISE_TIMEOUT": "10"}  # a rank of an exercise run waits 10 s in one call here (30 by default)
 
@@ -237,6 +237,34 @@ def test_timing_runs_without_the_ring_and_says_so(scripts, tmp_path):
         assert r["one process seconds"] > 0 and r["threads"] == 1
 
 
+def test_recursive_doubling_with_a_step_left_out_fails_naming_the_rank_and_element(scripts, tmp_path):
+    """The last exchange skipped: on 4 ranks each holds the sum of 2 ranks only, which the run's check catches."""
+    path = scripts["allreduce_doubling.py"]
+    rewrite(path, path.read_text().replace("    while bit < world:\n", "    while 2 * bit < world:\n"))
+    with pytest.raises(ScriptError) as failed:
+        run_script(path, "--world-sizes", 4, "--sizes", 64, "--designs", "gloo", "--repeats", 1,
+                   "--run-dir", tmp_path / "doubling", echo=False, timeout=120)
+    assert re.search(r"AssertionError: N=4, rank \d: doubling against dist.all_reduce, element \[\d+\]: expected "
+                     r"-?\d+\.?\d*, got -?\d+", str(failed.value)), str(failed.value)
+
+
+def test_recursive_doubling_runs_without_the_ring_and_counts_log2_n_messages(scripts, tmp_path):
+    path = scripts["allreduce_ring.py"]
+    rewrite(path, stub(path.read_text()))
+    run = run_script(scripts["allreduce_doubling.py"], "--world-sizes", 2, 4, "--sizes", 64, "--repeats", 2,
+                     "--run-dir", tmp_path / "doubling", echo=False, timeout=120)
+    assert "[rank 0] ring all-reduce not written yet: exercise 01a; timing the others" in run.output
+    records = read_metrics(tmp_path / "doubling")
+    counted = {(r["world_size"], r["rank_checked"]): r for r in records if "sent_bytes" in r}
+    assert sorted(counted) == [(2, 0), (2, 1), (4, 0), (4, 1), (4, 2), (4, 3)]
+    assert counted[4, 1]["sent_to"] == [0, 3] and counted[4, 1]["messages"] == 2
+    assert all(r["sent_bytes"] == r["messages"] * 8000 and r["checked_against"] == ["dist.all_reduce"]
+               for r in counted.values())
+    timed = [r for r in records if "bytes" in r]
+    assert [r["world_size"] for r in timed] == [2, 4] and all("ring seconds" not in r for r in timed)
+    assert all(r["doubling seconds"] > 0 and r["gloo seconds"] > 0 and r["one process seconds"] > 0 for r in timed)
+
+
 @pytest.mark.parametrize("script, flags, message", [
     ("allreduce_by_hand.py", ["--design", "tree", "--run-dir", "x"], "argument --design: invalid choice: 'tree'"),
     ("allreduce_by_hand.py", ["--design", "ring", "--world-size", 1, "--run-dir", "x"],
@@ -249,7 +277,12 @@ def test_timing_runs_without_the_ring_and_says_so(scripts, tmp_path):
     ("allreduce_timing.py", ["--designs", "tree", "--run-dir", "x"], "argument --designs: invalid choice: 'tree'"),
     ("collectives_drawn.py", ["--world-size", 10, "--run-dir", "x"], "--world-size: must be an integer >= 2 and <= 9"),
     ("p2p_pingpong.py", ["--max-bytes", 2, "--run-dir", "x"], "--max-bytes: must be an integer >= 4"),
+    ("allreduce_doubling.py", ["--world-sizes", 2, 6, "--run-dir", "x"],
+     "--world-sizes [6]: recursive doubling needs a power of two"),
+    ("allreduce_doubling.py", ["--world-sizes", 8, "--sizes", 16, "--run-dir", "x"],
+     "--sizes: each a multiple of 4 bytes, at least 32 for 8 ranks"),
 ], ids=["unknown-design", "world-size-1", "numel-not-divisible", "all-gather-world-size-1", "timing-world-size-1",
-        "timing-size-not-float32", "timing-unknown-design", "draw-world-size-10", "pingpong-max-bytes-2"])
+        "timing-size-not-float32", "timing-unknown-design", "draw-world-size-10", "pingpong-max-bytes-2",
+        "doubling-world-size-6", "doubling-size-too-small"])
 def test_bad_flags_fail_in_one_line_before_any_worker_starts(scripts, script, flags, message, tmp_path):
     assert message in refusal(scripts[script], *flags, cwd=tmp_path)
