@@ -9,7 +9,9 @@ exercise checks failing on their stubs and on plausible wrong answers, that the 
 collective at the fit of that kind's own measured times, and the scripts' flag checks (no worker started).
 At scale, each old term of the model fails a test: data-parallel traffic not divided by the pipeline, Megatron's
 sequence-parallel activations where PyTorch keeps more, ZeRO-2's traffic hidden behind backward, ring latency at
-1,024 ranks, and compute priced at the datasheet's peak against the published runs.
+1,024 ranks, and compute priced at the datasheet's peak against the published runs. The search's newer terms:
+interleaved 1F1B's bubble, sends and memory (against torch's own schedule lists), expert and context parallelism at
+scale (equal to the terms graded on 2 and 4 ranks), and HSDP.
 """
 
 import importlib.util
