@@ -4,7 +4,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.measure.memory import SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory, storage_bytes
+from helpers.measure.memory import (SavedActivations, SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory,
+                                   storage_bytes)
 
 
 def test_local_bytes_counts_each_tensors_elements_and_skips_none():
@@ -108,3 +109,20 @@ def test_held_saved_releases_a_label_whose_storage_another_label_still_holds():
         losses[0].backward()
         assert held.peak_labels == 3 and len(held._labels) == 2  # micro-batch 0 holds nothing now
         assert held.bytes == batch.nbytes  # the batch's whole storage stays held by the other two
+
+
+def test_saved_activations_leave_out_the_weights_the_model_holds_when_each_tensor_is_saved():
+    """Float32, a batch of 3: the input (3 x 4) and the ReLU's output (3 x 8, saved by ReLU and the second Linear,
+    one storage) count, 48 + 96 bytes; the weights do not, even one the model takes up after the count began
+    (as FSDP2 gathers a block's weights for its forward), which an exclusion list made up front would count."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    with SavedTensorBytes(exclude=list(model.parameters())) as up_front:
+        model[2].weight = nn.Parameter(torch.randn(2, 8))  # a weight the model holds from now on
+        model(x).sum().backward()
+    with SavedActivations(model) as saved:
+        model[2].weight = nn.Parameter(torch.randn(2, 8))
+        model(x).sum().backward()
+    assert saved.bytes == 48 + 96
+    assert up_front.bytes == 48 + 96 + 2 * 8 * 4  # the new weight counted as an activation

@@ -110,6 +110,28 @@ class SavedTensorBytes:
         self._hooks.__exit__(*exc)
 
 
+class SavedActivations(SavedTensorBytes):
+    """Saved tensors less the model's weights, each counted by its local shard: what a layout's activations cost.
+
+    The weights are read from ``model`` as each tensor is saved, so weights the model holds only for a while
+    (FSDP2's gathered ones, freed after forward) are left out too; a ``DTensor`` counts its local tensor.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        weights = {(p._local_tensor if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
+                   for p in self.model.parameters()}  # what the modules hold now: FSDP2's gathered weights too
+        if local.untyped_storage().data_ptr() not in weights:
+            super()._pack(local)
+        return tensor
+
+
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
