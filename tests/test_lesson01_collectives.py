@@ -17,6 +17,7 @@ from helpers.metrics import read_metrics
 from helpers.runner import ScriptError, run_script
 
 SHORT = {"COURSE_EXERCISE_TIMEOUT": "10"}  # a rank of an exercise run waits 10 s in one call here (30 by default)
+HANG = {"COURSE_EXERCISE_TIMEOUT": "5"}  # for a run that hangs on purpose: every wait is the whole timeout
 
 NOTEBOOK = "01_collectives.ipynb"
 RING_REDUCE_SCATTER = "out, into = (rank - step) % world, (rank - step - 1) % world"
@@ -33,11 +34,11 @@ def scripts(lesson_scripts):
     return lesson_scripts(NOTEBOOK)
 
 
-def check_ring(scripts, tmp_path, world=2):
+def check_ring(scripts, tmp_path, world=2, env=SHORT):
     start = time.perf_counter()
     try:
         return check_script("01a", scripts["allreduce_by_hand.py"], "--design", "ring", "--world-size", world,
-                            "--numel", 4 * world, "--run-dir", tmp_path / "ring", timeout=120, echo=False, env=SHORT)
+                            "--numel", 4 * world, "--run-dir", tmp_path / "ring", timeout=120, echo=False, env=env)
     finally:  # printed, not asserted: the machine is shared
         print(f"01a check: {time.perf_counter() - start:.1f} s")
 
@@ -126,10 +127,10 @@ def test_a_deadlocking_ring_ends_in_one_line_naming_where_each_rank_waits(script
         p2p.send(chunks[out], right, group)
 """))
     with pytest.raises(ExerciseFailed) as failed:
-        check_ring(scripts, tmp_path)
+        check_ring(scripts, tmp_path, env=HANG)
     line = str(failed.value)
     print(line)
-    assert re.fullmatch(r"Exercise 01a: deadlock, no rank went on after 10 s: ranks 0 and 1 both wait in "
+    assert re.fullmatch(r"Exercise 01a: deadlock, no rank went on after 5 s: ranks 0 and 1 both wait in "
                         r"`p2p\.recv\(incoming\[:len\(chunks\[into\]\)\], left, group\)` \(allreduce_ring\.py "
                         r"line \d+\)\. Hint: every rank waits to receive before any rank has sent: .*", line), line
 
@@ -172,8 +173,8 @@ def test_the_naive_design_runs_whatever_the_ring_script_holds(scripts, tmp_path)
                         r"SyntaxError: .*", problem), problem
 
 
-def check_all_gather(script):
-    return check_script("01b", script, "--world-size", 2, "--numel", 5, timeout=120, echo=False, env=SHORT)
+def check_all_gather(script, env=SHORT):
+    return check_script("01b", script, "--world-size", 2, "--numel", 5, timeout=120, echo=False, env=env)
 
 
 @pytest.mark.parametrize("old, new, message", [
@@ -216,10 +217,10 @@ def test_an_all_gather_that_sends_to_every_peer_before_receiving_ends_in_one_lin
                 p2p.recv(gathered[peer], peer, group)"""))
     start = time.perf_counter()
     with pytest.raises(ExerciseFailed) as failed:
-        check_all_gather(path)
+        check_all_gather(path, env=HANG)
     line = str(failed.value)
     print(f"{time.perf_counter() - start:.1f} s: {line}")
-    assert re.fullmatch(r"Exercise 01b: deadlock, no rank went on after 10 s: ranks 0 and 1 both wait in "
+    assert re.fullmatch(r"Exercise 01b: deadlock, no rank went on after 5 s: ranks 0 and 1 both wait in "
                         r"`p2p\.send\(x, peer, group\)` \(allgather_by_hand\.py line \d+\)\. Hint: on gloo a "
                         r"blocking send waits until the receiver takes the message.*", line), line
 
