@@ -20,6 +20,10 @@ TORCH_FAMILY := ^(torch|torchvision|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==
 TESTS = COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/$(2) COURSE_OFFLINE=1 \
 		$(1) -m pytest notebooks tests --nbmake --nbmake-timeout=300 -n auto --maxprocesses 2 --dist worksteal --durations=15
 
+# byte-compile a venv's modules on every core (as pip would one by one), less what nothing imports
+COMPILE = import compileall, re, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0, \
+	rx=re.compile(r"/(tests?|pip|setuptools)/"))
+
 .PHONY: course test test-floor exercises nbgrader install install-floor lint clean
 
 course: install
@@ -48,7 +52,8 @@ $(STAMP): constraints.txt pyproject.toml
 	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"
 	@# pip would compile the bytecode file by file; compileall does the same on every core (-j 0). As pip
 	@# does, it skips files that do not compile for this Python (torch ships one for Python 3.12 only).
-	$(PY) -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
+	@# Left out: the packages' own test suites and pip's and setuptools' sources, which nothing here imports.
+	$(PY) -c '$(COMPILE)'
 	touch $(STAMP)
 
 # The same install with the floor's torch family: constraints.txt less those lines, plus constraints-floor.txt.
@@ -58,7 +63,7 @@ $(FLOOR_STAMP): constraints.txt constraints-floor.txt pyproject.toml
 	grep -E '$(TORCH_FAMILY)' constraints-floor.txt >> $(FLOOR_VENV)/constraints.txt
 	@echo "Installing the floor's PyTorch and the other pins into $(FLOOR_VENV) ..."
 	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt --editable ".[test,site]"
-	$(FLOOR_VENV)/bin/python -c 'import compileall, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0)'
+	$(FLOOR_VENV)/bin/python -c '$(COMPILE)'
 	touch $(FLOOR_STAMP)
 
 lint: install
