@@ -137,3 +137,16 @@ def test_overlap_on_the_cpu_reads_the_autograd_engines_thread(overlap_reading):
     _, ops, comm = lanes(rows)
     assert {o["thread"] for o in ops} == {1} and len(ops) == 5 and len(comm) == 1
     assert overlap(rows) == 3
+
+
+def test_overlap_on_the_cpu_counts_from_the_all_reduces_call_when_gloos_thread_starts_it_late(overlap_reading):
+    """On a busy machine gloo's thread may start the reduction after backward has ended: the overlap is counted
+    from the call (`c10d::allreduce_` on backward's thread), which is when DDP handed the bucket over."""
+    _, overlap = overlap_reading
+    rows = [dict(name="backward", start_ms=0, ms=10, device="cpu", thread=1),
+            dict(name="c10d::allreduce_", start_ms=4, ms=0.1, device="cpu", thread=1),
+            dict(name="gloo:all_reduce", start_ms=11, ms=2, device="cpu", thread=3)]
+    rows += [dict(name="autograd::engine::evaluate_function: MmBackward0", start_ms=k, ms=1, device="cpu",
+                  thread=1) for k in range(0, 10, 2)]  # starts 0, 2, 4, 6, 8
+    assert overlap(rows) == 3
+    assert overlap([r for r in rows if r["name"] != "c10d::allreduce_"]) == 0, "gloo's start alone: none"
