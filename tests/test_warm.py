@@ -102,22 +102,6 @@ def test_another_import_time_environment_gets_a_starter_that_imported_under_it(t
     assert seen["ppid"] == os.getpid() and seen["method"] == "spawn" and len(ranks) == 2
 
 
-def test_the_starter_ends_with_its_caller(tmp_path):
-    (tmp_path / "noop.py").write_text("print('ran')\n")
-    caller = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom helpers import warm\nfrom helpers.runner import run_script\n"
-         "run_script(sys.argv[1], echo=False)\nprint(*warm.server_pids(), flush=True)\ntime.sleep(60)",
-         str(tmp_path / "noop.py")], stdout=subprocess.PIPE, text=True)
-    server = int(caller.stdout.readline())
-    assert psutil.Process(server).ppid() == caller.pid
-    os.kill(caller.pid, signal.SIGKILL)
-    caller.wait()
-    deadline = time.monotonic() + 10
-    while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "the warm starter outlived its caller"
-        time.sleep(0.1)
-
-
 LENT = textwrap.dedent('''
     import json, os, sys, threading, time
     from helpers import warm
@@ -138,21 +122,29 @@ LENT = textwrap.dedent('''
 ''')
 
 
-def test_a_lent_starter_serves_the_processes_started_after_it_and_only_its_own_environment(tmp_path):
+def test_a_lent_starter_serves_the_processes_started_after_it_only_its_own_environment_and_ends_with_its_caller(
+        tmp_path):
     (tmp_path / "ppid.py").write_text("import os, time\nprint(os.getppid())\n"
                                       "time.sleep(float(os.environ.get('SLEEP', 0)))\n")
-    lender = subprocess.run(
-        [sys.executable, "-c", "import subprocess, sys\nfrom helpers import warm\nwarm.share()\n"
+    lender = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\nfrom helpers import warm\nwarm.share()\n"
          "print(*warm.server_pids(), flush=True)\n"
-         "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], check=True)", LENT, str(tmp_path)],
-        capture_output=True, text=True, timeout=180)
-    assert lender.returncode == 0, lender.stderr[-3000:]
-    server, report = lender.stdout.splitlines()[:2]
-    seen = json.loads(report)
-    assert seen["lent"] == int(server), "a process started after share() should fork its scripts from it"
-    assert seen["other"] != int(server) and seen["own"] == [seen["other"]], \
-        "another import-time environment gets a starter of the caller's own"
-    assert seen["counted"] == 1 and seen["after"] == 0, "a script the lent starter forked counts as a child"
+         "subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]], check=True)\ntime.sleep(60)",
+         LENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        server, seen = int(lender.stdout.readline()), json.loads(lender.stdout.readline())
+        assert seen["lent"] == server, "a process started after share() should fork its scripts from it"
+        assert seen["other"] != server and seen["own"] == [seen["other"]], \
+            "another import-time environment gets a starter of the caller's own"
+        assert seen["counted"] == 1 and seen["after"] == 0, "a script the lent starter forked counts as a child"
+        assert psutil.Process(server).ppid() == lender.pid
+    finally:
+        os.kill(lender.pid, signal.SIGKILL)
+        lender.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(server) and psutil.Process(server).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the warm starter outlived its caller"
+        time.sleep(0.1)
 
 
 def test_environment_a_process_reads_as_it_starts_set_for_the_workers_makes_them_spawned(tmp_path):
