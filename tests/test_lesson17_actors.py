@@ -3,7 +3,8 @@ nothing of the course resolves to the top-level folders Monarch's wheel installs
 
 The notebook's own run passes the reference gate through its check for every staleness bound (S = 0 against the
 sync loop's weights, and S > 0 with a straggler), kills a rollout and checks that no process is left; here the
-check meets the stub and two plausible wrong gates.
+check meets the stub and two plausible wrong gates. The agent and observers on actors, and lesson 03's RPC design with
+an observer killed, are run by the notebook; here their bad input.
 """
 
 import os
@@ -77,6 +78,17 @@ def test_gate_check_passes_the_reference_with_a_straggler(scripts, tmp_path):
 def test_bad_input_stops_before_any_actor_starts(scripts, flags, message):
     with pytest.raises(ScriptError) as error:
         run_script(scripts["async_rl.py"], *flags, timeout=60, echo=False)
+    assert message in str(error.value) and "[rank" not in error.value.output
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    ("rl_actors.py", ["--observers", "0"], "--observers"),
+    ("rl_rpc_killed.py", ["--kill-at", "5", "1", "--episodes", "4"], "comes after the last, --episodes 4"),
+], ids=["actors-no-observer", "rpc-kill-after-the-last-episode"])
+def test_bad_input_of_the_agent_and_observers_stops_before_any_process_starts(lesson_scripts, script, flags, message):
+    lesson_scripts("03_rl_rpc.ipynb")  # the recipe (reinforce.py, rl_env.py) and rl_rpc.py, which both import
+    with pytest.raises(ScriptError) as error:
+        run_script(lesson_scripts(NOTEBOOK)[script], *flags, timeout=60, echo=False)
     assert message in str(error.value) and "[rank" not in error.value.output
 
 
