@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from helpers.runner import running_children
+
 _SAID = set()  # what this process has already said it skips: one line each
 
 
@@ -74,7 +76,8 @@ ENVIRONMENT = ("RANK", "GROUP_RANK", "MASTER_PORT")  # what a torchrun worker's 
 
 
 class ListenerLog:
-    """Records, every 0.1 s while in a ``with`` block, the listening TCP sockets of this process's children.
+    """Records, every 0.1 s while in a ``with`` block, the listening TCP sockets of this process's children
+    (:func:`helpers.runner.running_children`: with the scripts a warm starter forked for it).
 
     ``found`` maps (pid, port) to ``{"address", "cmdline", "env", "parent"}``: the socket's address, the
     process's command line, its ``RANK``, ``GROUP_RANK`` and ``MASTER_PORT`` (``None`` where unset), and
@@ -103,7 +106,7 @@ class ListenerLog:
 
     def _sample(self):
         while not self.stop.is_set():
-            children = {p.pid: p for p in psutil.Process().children(recursive=True)}
+            children = {p.pid: p for p in running_children()}  # a lent warm starter's scripts too
             for c in psutil.net_connections("tcp"):
                 if c.status == psutil.CONN_LISTEN and c.pid in children and (c.pid, c.laddr.port) not in self.found:
                     try:
