@@ -4,8 +4,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.measure.memory import (SavedActivations, SavedTensorBytes, local_bytes, optimizer_bytes, peak_memory,
-                                   storage_bytes)
+from helpers.measure.memory import (
+    SavedActivations,
+    SavedTensorBytes,
+    local_bytes,
+    optimizer_bytes,
+    peak_memory,
+    storage_bytes,
+)
 
 
 def test_local_bytes_counts_each_tensors_elements_and_skips_none():
