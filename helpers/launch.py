@@ -15,8 +15,10 @@ its process groups a short timeout, and a failure's verdict comes from :mod:`hel
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -223,18 +225,16 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
     """Run ``fn(worker, *args)`` on ``world_size`` ranks and return when all have finished.
 
     Started by torchrun, this process is one rank: ``fn`` runs here once, then the process exits (code 0).
-    Otherwise ``world_size`` processes are started on this machine, meeting
-    through files in a fresh temporary folder (no TCP store, so nothing listens
-    on a non-loopback address; GLOO/TP/NCCL_SOCKET_IFNAME name the loopback interface,
-    see :func:`socket_ifnames`, unless the user set them or set ``MASTER_ADDR``
-    to another address). ``threads`` limits each
-    worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
-    ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the
-    resulting :class:`Placement` and its own device in its :class:`Worker`. ``start_method`` is ``"fork"`` or
-    ``"spawn"``; None (the default) lets :func:`choose_start_method` choose (fork where it is safe and cheaper).
+    Otherwise ``world_size`` processes are started on this machine, meeting through files in a fresh temporary
+    folder (no TCP store, so nothing listens on a non-loopback address; GLOO/TP/NCCL_SOCKET_IFNAME name the
+    loopback interface, see :func:`socket_ifnames`, unless the user set them or set ``MASTER_ADDR`` to another
+    address). ``threads`` limits each worker's intra-op threads (``None`` keeps PyTorch's default). ``backend``,
+    ``device`` and ``share_gpus`` go to :func:`pick_backend`; each worker gets the resulting :class:`Placement`
+    and its own device in its :class:`Worker`. ``start_method`` is ``"fork"`` or ``"spawn"``; None (the
+    default) lets :func:`choose_start_method` choose (fork where it is safe and cheaper).
 
-    Bad arguments raise ValueError before anything is spawned; a worker that
-    raises ends the run at once with :class:`WorkerError` carrying its traceback.
+    Bad arguments raise ValueError before anything is spawned; a worker that raises ends the run at once with
+    :class:`WorkerError` carrying its traceback (the first worker's to raise, where several did).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be an integer >= 1, got {world_size!r}")
@@ -278,17 +278,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", device: str = "aut
                                     category=DeprecationWarning)
             context = mp.start_processes(_spawned, args=(fn, args, plan, threads, method), nprocs=world_size,
                                          start_method=method, join=False)
+        raised = {}  # rank -> (when, traceback) of each worker that raised: PyTorch reports the first it finds
         try:
             report = watch_ranks(context) if exercise else {}  # read before a failure ends the others
             while not context.join():
                 pass
         finally:  # a worker that raised left its traceback in a temporary file, which PyTorch keeps
-            for path in context.error_files:
-                if os.path.exists(path):
+            for rank, path in enumerate(context.error_files):
+                with contextlib.suppress(OSError, EOFError, pickle.UnpicklingError):
+                    raised[rank] = (os.path.getmtime(path), pickle.loads(Path(path).read_bytes()))
                     os.remove(path)
-    except mp.ProcessRaisedException as e:
-        error = e.msg.split(":", 1)[1].strip()
-        raise WorkerError(f"rank {e.error_index} raised:\n{error}{_verdict_line(exercise, report)}") from None
+    except mp.ProcessRaisedException as e:  # the first to raise, not a peer that failed because it did
+        rank, error = min(((r, t.strip()) for r, (_, t) in raised.items()), key=lambda r: raised[r[0]][0],
+                          default=(e.error_index, e.msg.split(":", 1)[1].strip()))
+        raise WorkerError(f"rank {rank} raised:\n{error}{_verdict_line(exercise, report)}") from None
     except mp.ProcessExitedException as e:
         raise WorkerError(f"rank {e.error_index} died with exit code {e.exit_code}{_verdict_line(exercise, report)}") \
             from None
