@@ -151,23 +151,26 @@ class WarmProcess:
     def __init__(self, conn: socket.socket, pid: int, stdout, entry: dict):
         self._conn, self.pid, self.stdout, self.returncode = conn, pid, stdout, None
         self._buffer, self._entry = b"", entry
+        self._reading = threading.Lock()  # poll() from one thread (lent_scripts) while wait() blocks in another
 
     def _read(self, block: bool) -> None:
-        if self.returncode is not None:
-            return
-        self._conn.setblocking(block)
-        while self.returncode is None:
-            try:
-                data = self._conn.recv(64)
-            except BlockingIOError:
-                return
-            self._buffer += data
-            if b"\n" in self._buffer or not data:  # no data: the server went away without reporting the exit
-                line = self._buffer.split(b"\n")[0]
-                self.returncode = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
-                self._conn.close()
-                with _lock:
-                    self._entry["running"] -= 1
+        if self.returncode is not None or not self._reading.acquire(blocking=block):
+            return  # ended, or another thread is reading: it will see the exit
+        try:
+            while self.returncode is None:
+                try:
+                    data = self._conn.recv(64, 0 if block else socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return
+                self._buffer += data
+                if b"\n" in self._buffer or not data:  # no data: the server went away without reporting the exit
+                    line = self._buffer.split(b"\n")[0]
+                    self.returncode = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+                    self._conn.close()
+                    with _lock:
+                        self._entry["running"] -= 1
+        finally:
+            self._reading.release()
 
     def poll(self):
         self._read(block=False)
