@@ -239,6 +239,9 @@ def _serve(path: str, parent: int) -> int | None:
     imported_under = environment_read(os.environ)  # before the imports, which may set some (torch does)
     for name in PRELOAD:
         importlib.import_module(name)
+    # what the imports set (dynamo: TORCHINDUCTOR_CACHE_DIR, to its default): a caller that imported them too
+    # carries the same values, with which a fresh interpreter starts as it would without them
+    set_by_imports = {k: v for k, v in environment_read(os.environ).items() if k not in imported_under}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal or a kernel interrupt is not for us
     wake_r, wake_w = socket.socketpair()
     wake_r.setblocking(False)
@@ -266,7 +269,8 @@ def _serve(path: str, parent: int) -> int | None:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
             request = json.loads(message)
-            if environment_read(request["env"]) != imported_under:  # a lent starter serves its own environment
+            requested = {k: v for k, v in environment_read(request["env"]).items() if set_by_imports.get(k) != v}
+            if requested != imported_under:  # a lent starter serves its own environment
                 os.close(fds[0])
                 conn.sendall(b"refused\n")
                 conn.close()

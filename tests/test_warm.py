@@ -110,7 +110,10 @@ LENT = textwrap.dedent('''
     def ppid(**env):
         return int(run_script("ppid.py", cwd=sys.argv[1], echo=False, env=env).output)
 
-    seen = {"lent": ppid(), "other": ppid(PYTHONHASHSEED="7"), "own": sorted(warm.server_pids())}
+    seen = {"lent": ppid()}
+    import torch._dynamo  # sets TORCHINDUCTOR_CACHE_DIR (to its default), as the starter's own imports did
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    seen.update(dynamo=ppid(), other=ppid(PYTHONHASHSEED="7"), own=sorted(warm.server_pids()))
     slow = threading.Thread(target=run_script, args=("ppid.py",), kwargs=dict(cwd=sys.argv[1], echo=False,
                                                                               env={"SLEEP": "3"}))
     slow.start()
@@ -134,6 +137,7 @@ def test_a_lent_starter_serves_the_processes_started_after_it_only_its_own_envir
     try:
         server, seen = int(lender.stdout.readline()), json.loads(lender.stdout.readline())
         assert seen["lent"] == server, "a process started after share() should fork its scripts from it"
+        assert seen["dynamo"] == server, "what the starter's imports set themselves is no other environment"
         assert seen["other"] != server and seen["own"] == [seen["other"]], \
             "another import-time environment gets a starter of the caller's own"
         assert seen["counted"] == 1 and seen["after"] == 0, "a script the lent starter forked counts as a child"
