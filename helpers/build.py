@@ -200,7 +200,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows, machine = [], None if args.site_only else probe_machine()
-    if not args.site_only:
+    if not args.site_only and not os.environ.get(warm.SHARED):  # (a build under make test: the tests' starter)
         warm.share()  # one starter for every lesson's kernel, instead of one each that imports torch again
     for nb in [] if args.site_only else notebooks:
         print(f"running {nb.name} ...", flush=True)
