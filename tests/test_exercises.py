@@ -427,7 +427,9 @@ def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
 def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path):
     """Real nbgrader on the course directory `python -m helpers.exercises --nbgrader` writes (the cells the checks
     need, so that autograding takes seconds): generate_assignment of lessons 01 and 10, then autograde of the
-    reference solutions, of the release version, and of lesson 01 with exercise 01a wrong."""
+    reference solutions, of the release version, and of lesson 01 with exercise 01a wrong. One process runs every
+    step through nbgrader's own API (``NbGraderAPI``, what its command line and formgrader call), with the
+    course's ``nbgrader_config.py``: each ``nbgrader`` command would import nbgrader again."""
     import os
     import shutil
     import subprocess
@@ -444,21 +446,26 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "COURSE_RUNS": str(tmp_path / "runs"), **SHORT}
 
-    def nbgrader(*args):
-        done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
-                              text=True, timeout=900)
+    def nbgrader(*steps):
+        """Run (method, *args) steps of NbGraderAPI in one process in the course directory; each must succeed."""
+        code = ("import json, sys\nfrom nbgrader.apps import NbGrader, NbGraderAPI\n"
+                "app = NbGrader()\napp.load_config_file()  # nbgrader_config.py, as the command line reads it\n"
+                "api = NbGraderAPI(config=app.config)\n"
+                "for method, *args in json.loads(sys.argv[1]):\n"
+                "    result = getattr(api, method)(*args, force=True, create=True)\n"
+                "    assert result['success'], (method, args, result.get('log'), result.get('error'))\n")
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(steps)], cwd=course, env=env,
+                              capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-    for lesson in lessons:
-        nbgrader("generate_assignment", lesson, "--force")
-    release = (course / "release" / "01_collectives" / "01_collectives.ipynb").read_text()
-    assert "### BEGIN SOLUTION" not in release and "YOUR CODE HERE" in release
 
     def submit(student, lesson, text):
         folder = course / "submitted" / student / lesson
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{lesson}.ipynb").write_text(text)
 
+    nbgrader(*[("generate_assignment", lesson) for lesson in lessons])
+    release = (course / "release" / "01_collectives" / "01_collectives.ipynb").read_text()
+    assert "### BEGIN SOLUTION" not in release and "YOUR CODE HERE" in release
     for lesson in lessons:
         submit("solutions", lesson, (course / "source" / lesson / f"{lesson}.ipynb").read_text())
         submit("release", lesson, (course / "release" / lesson / f"{lesson}.ipynb").read_text())
@@ -469,8 +476,9 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
                                      "(rank - step) % world")  # receives into the chunk it sent
             cell["source"] = wrong.splitlines(keepends=True)
     submit("wrong-01a", "01_collectives", json.dumps(source))
-    for lesson in lessons:
-        nbgrader("autograde", lesson, "--create", "--force")
+    students = {lesson: [p.name for p in sorted((course / "submitted").iterdir()) if (p / lesson).is_dir()]
+                for lesson in lessons}
+    nbgrader(*[("autograde", lesson, student) for lesson in lessons for student in students[lesson]])
     scores = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as book:
         for lesson, ids in lessons.items():
