@@ -33,26 +33,32 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Queue the notebooks, the longest items, in two equal shares at the heads of the two halves of the run.
+    """Queue the notebooks, the longest items, in equal shares at the heads of the parts each worker starts on.
 
-    ``make test`` runs two pytest workers that start on the two halves of this list (pytest-xdist's worksteal)
-    and take work from each other at the end: with every notebook in one half, one worker would run them all
-    while the other ran out of tests. A notebook's weight is its lesson's time budget.
+    ``make test`` runs pytest workers (pytest-xdist's worksteal) that start on equal consecutive parts of this
+    list and take work from each other at the end: with every notebook in one part, one worker would run them
+    all while the others ran out of tests. A notebook's weight is its lesson's time budget.
     """
     from helpers.build import BUDGET_MINUTES
 
     def weight(item):
         return BUDGET_MINUTES.get(Path(str(item.fspath)).name[:2], 1)
 
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     notebooks = sorted((i for i in items if str(i.fspath).endswith(".ipynb")), key=weight, reverse=True)
     rest = [i for i in items if not str(i.fspath).endswith(".ipynb")]
-    shares, loads = ([], []), [0, 0]
+    shares, loads = [[] for _ in range(workers)], [0] * workers
     for item in notebooks:
         lighter = loads.index(min(loads))
         shares[lighter].append(item)
         loads[lighter] += weight(item)
-    half = (len(items) + 1) // 2 - len(shares[0])
-    items[:] = shares[0] + rest[:half] + shares[1] + rest[half:]
+    ordered, left = [], len(items)
+    for i, share in enumerate(shares):  # xdist gives worker i len(left) // (workers - i) of the items left
+        size = left // (workers - i)
+        fill = max(size - len(share), 0)
+        ordered += share + rest[:fill]
+        rest, left = rest[fill:], left - len(share) - fill
+    items[:] = ordered + rest
 
 
 @pytest.fixture
