@@ -330,14 +330,18 @@ def _become(request: dict, out: int) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     argv = request["argv"]
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    module = argv[1] if argv[0] == "-m" else None  # python -m module args (a Jupyter kernel: helpers.kernel)
+    sys.argv = [module, *argv[2:]] if module else list(argv)  # run_module puts the module's file first
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
     import multiprocessing.process
 
     multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # where a spawned worker finds a relative script path
     fresh_seeds()
     try:
-        runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
         return 0
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):

@@ -7,7 +7,9 @@ import io
 import json
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from helpers.exercises import check_script
 from helpers.lessons import write_lesson_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
+KERNELS = "COURSE_KERNELS"  # the folder of the kernel spec this run's notebooks use (set by the first process)
 NOTEBOOKS = ROOT / "notebooks"
 
 
@@ -26,10 +29,19 @@ def pytest_configure(config):
     """One warm starter for the whole run (:func:`helpers.warm.share`): started by the first pytest process
     (the controller of ``-n 2``), it serves both workers and every lesson's Jupyter kernel, which would
     otherwise each start one and import torch in it again."""
-    from helpers import warm
+    from helpers import kernel, warm
 
     if not os.environ.get(warm.SHARED):
         warm.share()
+    # the lessons' kernels fork from that starter too (helpers.kernel), unless a kernel was asked for by name
+    if os.environ.get(warm.SHARED) and getattr(config.option, "nbmake_kernel", "") is None and kernel.available():
+        if not os.environ.get(KERNELS):
+            os.environ[KERNELS] = tempfile.mkdtemp(prefix="course-kernels-")
+            kernel.install_kernelspec(os.environ[KERNELS])
+            os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [os.environ[KERNELS],
+                                                                      os.environ.get("JUPYTER_PATH")]))
+            config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(KERNELS), ignore_errors=True))
+        config.option.nbmake_kernel = kernel.KERNEL_NAME
 
 
 def pytest_collection_modifyitems(session, config, items):
