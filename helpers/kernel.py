@@ -93,4 +93,5 @@ def available() -> bool:
     starter can be used here."""
     from importlib.metadata import entry_points
 
-    return warm.usable() and any(e.name == PROVISIONER for e in entry_points(group="jupyter_client.kernel_provisioners"))
+    provisioners = entry_points(group="jupyter_client.kernel_provisioners")
+    return warm.usable() and any(e.name == PROVISIONER for e in provisioners)
