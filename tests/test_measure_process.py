@@ -81,6 +81,23 @@ def test_listener_log_finds_a_child_listening(capsys):
     assert log.found[proc.pid, port]["address"] == "127.0.0.1"
 
 
+def test_listener_log_credits_a_socket_to_the_process_that_opened_it_not_to_a_child_that_inherited_it():
+    # the window a torchrun agent's store is in while the agent starts a worker: forked, not yet exec'd
+    parent = "import os, socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); " \
+             "child = os.fork(); print(s.getsockname()[1], child or os.getpid(), flush=True); time.sleep(2); " \
+             "os._exit(0) if child == 0 else os.waitpid(child, 0)"
+    with ListenerLog() as log:
+        proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
+        port, child = map(int, proc.stdout.readline().split())
+        time.sleep(0.6)
+    os.kill(child, 9)
+    proc.kill()
+    proc.wait()
+    if not log.available:
+        pytest.skip("this system does not list other processes' sockets")
+    assert sorted(pid for pid, p in log.found if p == port) == [proc.pid], (proc.pid, child, log.found)
+
+
 def test_py_spy_dumps_a_live_process_or_says_in_one_line_why_not(capsys):
     proc = subprocess.Popen([PY, "-c", "import time\ndef waiting_here():\n    time.sleep(30)\nwaiting_here()"])
     try:

@@ -81,7 +81,8 @@ class ListenerLog:
 
     ``found`` maps (pid, port) to ``{"address", "cmdline", "env", "parent"}``: the socket's address, the
     process's command line, its ``RANK``, ``GROUP_RANK`` and ``MASTER_PORT`` (``None`` where unset), and
-    its parent's command line. Where the system will not list sockets (macOS without root), ``available``
+    its parent's command line. A socket that a process and one of its ancestors both hold is the ancestor's:
+    the child inherited it (between fork and exec, say) and did not open it. Where the system will not list sockets (macOS without root), ``available``
     is False, ``found`` stays empty, and one line says so.
     """
 
@@ -107,16 +108,36 @@ class ListenerLog:
     def _sample(self):
         while not self.stop.is_set():
             children = {p.pid: p for p in running_children()}  # a lent warm starter's scripts too
-            for c in psutil.net_connections("tcp"):
-                if c.status == psutil.CONN_LISTEN and c.pid in children and (c.pid, c.laddr.port) not in self.found:
+            for c in psutil.net_connections("tcp"):  # each socket under one of the processes that hold it
+                if c.status != psutil.CONN_LISTEN or c.pid not in children:
+                    continue
+                pid = _opener(children[c.pid], (c.laddr.ip, c.laddr.port))
+                if pid in children and (pid, c.laddr.port) not in self.found:
                     try:
-                        p = children[c.pid]
+                        p = children[pid]
                         env = {k: p.environ().get(k) for k in ENVIRONMENT}
-                        self.found[c.pid, c.laddr.port] = {"address": c.laddr.ip, "cmdline": p.cmdline(), "env": env,
-                                                           "parent": p.parent().cmdline()}
+                        self.found[pid, c.laddr.port] = {"address": c.laddr.ip, "cmdline": p.cmdline(), "env": env,
+                                                         "parent": p.parent().cmdline()}
                     except psutil.Error:  # it ended in between
                         pass
             self.stop.wait(0.1)
+
+
+def _opener(process: psutil.Process, address: tuple) -> int | None:
+    """The pid of the oldest ancestor of ``process`` (or itself) that listens on ``address`` too: a child holds
+    its parent's sockets between fork and exec (a torchrun agent's store, in a worker it is starting), and
+    ``psutil.net_connections`` names only one holder of a socket, perhaps the child. None: it ended meanwhile."""
+    try:
+        for parent in reversed(process.parents()):
+            try:
+                if address in {(c.laddr.ip, c.laddr.port) for c in parent.net_connections("tcp")
+                               if c.status == psutil.CONN_LISTEN}:
+                    return parent.pid
+            except psutil.Error:
+                continue
+        return process.pid
+    except psutil.Error:
+        return None
 
 
 def own_listeners() -> list[tuple[str, int]] | None:
