@@ -49,6 +49,8 @@ $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned dependencies into $(VENV) (first time: about 2 minutes) ..."
+	@# the pins first, in several pip runs at once (.ci/preinstall.py: Linux x86_64 and Python 3.11 only, as the pins)
+	$(PY) .ci/preinstall.py constraints.txt
 	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"
 	@# pip would compile the bytecode file by file; compileall does the same on every core (-j 0). As pip
 	@# does, it skips files that do not compile for this Python (torch ships one for Python 3.12 only).
@@ -62,6 +64,7 @@ $(FLOOR_STAMP): constraints.txt constraints-floor.txt pyproject.toml
 	grep -vE '$(TORCH_FAMILY)' constraints.txt > $(FLOOR_VENV)/constraints.txt
 	grep -E '$(TORCH_FAMILY)' constraints-floor.txt >> $(FLOOR_VENV)/constraints.txt
 	@echo "Installing the floor's PyTorch and the other pins into $(FLOOR_VENV) ..."
+	$(FLOOR_VENV)/bin/python .ci/preinstall.py $(FLOOR_VENV)/constraints.txt
 	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt --editable ".[test,site]"
 	$(FLOOR_VENV)/bin/python -c '$(COMPILE)'
 	touch $(FLOOR_STAMP)
