@@ -424,12 +424,13 @@ def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
                                       "99g       passed   Exercise 99g: correct", "99h       not run", "1 of 3 passed"]
 
 
-def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path):
+def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path, request):
     """Real nbgrader on the course directory `python -m helpers.exercises --nbgrader` writes (the cells the checks
     need, so that autograding takes seconds): generate_assignment of lessons 01 and 10, then autograde of the
     reference solutions, of the release version, and of lesson 01 with exercise 01a wrong. One process runs every
     step through nbgrader's own API (``NbGraderAPI``, what its command line and formgrader call), with the
-    course's ``nbgrader_config.py``: each ``nbgrader`` command would import nbgrader again."""
+    course's ``nbgrader_config.py``: each ``nbgrader`` command would import nbgrader again. Its kernels are the
+    run's other lesson kernels (forked from the warm starter, tests/conftest.py), where the run has them."""
     import os
     import shutil
     import subprocess
@@ -440,6 +441,7 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
     from helpers.exercises.__main__ import main
 
     start = time.perf_counter()
+    kernel = getattr(request.config.option, "nbmake_kernel", None) or ""  # tests/conftest.py: its warm kernel
     course = tmp_path / "course"
     lessons = {"01_collectives": ["01a", "01b"], "10_sharding": ["10a"]}
     assert main(["--nbgrader", str(course), "--lessons", "01", "10", "--checks-only"]) == 0
@@ -450,11 +452,13 @@ def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_o
         """Run (method, *args) steps of NbGraderAPI in one process in the course directory; each must succeed."""
         code = ("import json, sys\nfrom nbgrader.apps import NbGrader, NbGraderAPI\n"
                 "app = NbGrader()\napp.load_config_file()  # nbgrader_config.py, as the command line reads it\n"
+                "if sys.argv[2]:  # the kernel the run's notebooks use\n"
+                "    app.config.Execute.kernel_name = sys.argv[2]\n"
                 "api = NbGraderAPI(config=app.config)\n"
                 "for method, *args in json.loads(sys.argv[1]):\n"
                 "    result = getattr(api, method)(*args, force=True, create=True)\n"
                 "    assert result['success'], (method, args, result.get('log'), result.get('error'))\n")
-        done = subprocess.run([sys.executable, "-c", code, json.dumps(steps)], cwd=course, env=env,
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(steps), kernel], cwd=course, env=env,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
