@@ -84,8 +84,8 @@ def test_listener_log_finds_a_child_listening(capsys):
 def test_listener_log_credits_a_socket_to_the_process_that_opened_it_not_to_a_child_that_inherited_it():
     # the window a torchrun agent's store is in while the agent starts a worker: forked, not yet exec'd
     parent = "import os, socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); " \
-             "child = os.fork(); print(s.getsockname()[1], child or os.getpid(), flush=True); time.sleep(2); " \
-             "os._exit(0) if child == 0 else os.waitpid(child, 0)"
+             "child = os.fork(); child and print(s.getsockname()[1], child, flush=True); time.sleep(2); " \
+             "os._exit(0) if child == 0 else os.waitpid(child, 0)"  # the parent alone prints: no mixed line
     with ListenerLog() as log:
         proc = subprocess.Popen([PY, "-c", parent], stdout=subprocess.PIPE, text=True)
         port, child = map(int, proc.stdout.readline().split())
