@@ -48,7 +48,7 @@ install-floor: $(FLOOR_STAMP)
 $(STAMP): constraints.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10+ needed, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
-	@echo "Installing the pinned dependencies into $(VENV) (first time: about 2 minutes) ..."
+	@echo "Installing the pinned dependencies into $(VENV) (first time: about a minute here) ..."
 	@# the pins first, in several pip runs at once (.ci/preinstall.py: Linux x86_64 and Python 3.11 only, as the pins)
 	$(PY) .ci/preinstall.py constraints.txt
 	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"
