@@ -82,12 +82,13 @@ class ListenerLog:
     ``found`` maps (pid, port) to ``{"address", "cmdline", "env", "parent"}``: the socket's address, the
     process's command line, its ``RANK``, ``GROUP_RANK`` and ``MASTER_PORT`` (``None`` where unset), and
     its parent's command line. A socket that a process and one of its ancestors both hold is the ancestor's:
-    the child inherited it (between fork and exec, say) and did not open it. Where the system will not list sockets (macOS without root), ``available``
-    is False, ``found`` stays empty, and one line says so.
+    the child inherited it (between fork and exec, say) and did not open it. Where the system will not list
+    sockets (macOS without root), ``available`` is False, ``found`` stays empty, and one line says so.
     """
 
     def __init__(self):
         self.found, self.stop, self.available = {}, threading.Event(), True
+        self._openers = {}  # (holder's pid, address, port) -> the opener's pid, looked up once per socket
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def __enter__(self):
@@ -111,7 +112,10 @@ class ListenerLog:
             for c in psutil.net_connections("tcp"):  # each socket under one of the processes that hold it
                 if c.status != psutil.CONN_LISTEN or c.pid not in children:
                     continue
-                pid = _opener(children[c.pid], (c.laddr.ip, c.laddr.port))
+                key = (c.pid, c.laddr.ip, c.laddr.port)
+                if key not in self._openers:
+                    self._openers[key] = _opener(children[c.pid], (c.laddr.ip, c.laddr.port))
+                pid = self._openers[key]
                 if pid in children and (pid, c.laddr.port) not in self.found:
                     try:
                         p = children[pid]
@@ -130,8 +134,7 @@ def _opener(process: psutil.Process, address: tuple) -> int | None:
     try:
         for parent in reversed(process.parents()):
             try:
-                if address in {(c.laddr.ip, c.laddr.port) for c in parent.net_connections("tcp")
-                               if c.status == psutil.CONN_LISTEN}:
+                if address in _listening(parent):
                     return parent.pid
             except psutil.Error:
                 continue
@@ -140,11 +143,15 @@ def _opener(process: psutil.Process, address: tuple) -> int | None:
         return None
 
 
+def _listening(process: psutil.Process) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket ``process`` listens on, sorted (psutil's errors pass through)."""
+    return sorted((c.laddr.ip, c.laddr.port) for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN)
+
+
 def own_listeners() -> list[tuple[str, int]] | None:
     """(address, port) of every TCP socket this process listens on, sorted; ``None`` where not allowed."""
     try:
-        return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("tcp")
-                      if c.status == psutil.CONN_LISTEN)
+        return _listening(psutil.Process())
     except psutil.AccessDenied:
         return None
 
