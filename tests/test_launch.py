@@ -80,6 +80,19 @@ def test_worker_ddp_syncs_weights_and_averages_gradients(three_ranks):
 def test_threads_none_keeps_pytorchs_default(tmp_path):
     run_script(SCRIPT, "--world-size", 2, "--threads", 0, "--out", tmp_path, echo=False, timeout=120)
     assert {s["threads"] for s in ranks_seen(tmp_path)} == {torch.get_num_threads()}
+    # the script, forked from the warm starter, has computed nothing: its workers are forked, on all their threads
+    assert {s["start_method"] for s in ranks_seen(tmp_path)} == {"fork" if helpers.warm.usable() else "spawn"}
+
+
+def test_after_computing_on_several_threads_a_script_spawns_its_workers_of_several_threads(tmp_path):
+    """GNU OpenMP's pool does not survive a fork: a worker forked after its parent computed on several threads
+    would wait forever in its first parallel operation (this run's timeout), so launch spawns them."""
+    run_script(SCRIPT, "--world-size", 2, "--threads", 0, "--compute-first", "--out", tmp_path, echo=False,
+               timeout=120)
+    pool = torch.get_num_threads() > 1  # with one thread, the script's operation started no pool
+    assert {s["start_method"] for s in ranks_seen(tmp_path)} == {"fork" if helpers.warm.usable() and not pool
+                                                                 else "spawn"}
+    assert {s["threads"] for s in ranks_seen(tmp_path)} == {torch.get_num_threads()}
 
 
 def test_local_launch_listens_on_loopback_only(three_ranks):

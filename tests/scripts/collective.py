@@ -31,6 +31,8 @@ def run(worker, args):
     worker.init_process_group()
     total = torch.tensor([float(worker.rank)], device=worker.device)
     dist.all_reduce(total)
+    if args.threads != 1:  # an operation large enough to run on every thread the worker has (OpenMP's pool)
+        torch.ones(1 << 21).exp().sum()
     torch.manual_seed(worker.rank)  # different weights per rank: DDP must replace them with rank 0's
     ddp = worker.ddp(torch.nn.Linear(2, 1).to(worker.device))
     ddp(torch.full((1, 2), float(worker.rank + 1), device=worker.device)).sum().backward()
@@ -65,10 +67,14 @@ def main():
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--exit-rank", type=int, default=-1)
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--compute-first", action="store_true",
+                        help="compute on PyTorch's default threads in this process before starting the workers")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     placement = check_placement(parser, args, args.world_size)
     print(f"devices: {placement}", flush=True)
+    if args.compute_first:
+        torch.ones(1 << 21).exp().sum()
     launch(run, args.world_size, args, backend=args.backend, device=args.device, threads=args.threads or None)
 
 
