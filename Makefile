@@ -51,11 +51,14 @@ $(STAMP): constraints.txt pyproject.toml
 	@echo "Installing the pinned dependencies into $(VENV) (first time: about a minute here) ..."
 	@# the pins first, in several pip runs at once (.ci/preinstall.py: Linux x86_64 and Python 3.11 only, as the pins)
 	$(PY) .ci/preinstall.py constraints.txt
-	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"
-	@# pip would compile the bytecode file by file; compileall does the same on every core (-j 0). As pip
-	@# does, it skips files that do not compile for this Python (torch ships one for Python 3.12 only).
-	@# Left out: the packages' own test suites and pip's and setuptools' sources, which nothing here imports.
-	$(PY) -c '$(COMPILE)'
+	@# pip would compile the bytecode file by file; compileall does the same on every core (-j 0), beside the
+	@# pip install below, which finds the pins installed (bytecode records its source's time stamp and size:
+	@# a file pip writes meanwhile is compiled again as it is imported). As pip does, compileall skips files that
+	@# do not compile for this Python (torch ships one for Python 3.12 only). Left out: the packages' own
+	@# test suites and pip's and setuptools' sources, which nothing here imports.
+	$(PY) -c '$(COMPILE)' & compiling=$$!; \
+	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"; installed=$$?; \
+	wait $$compiling && exit $$installed
 	touch $(STAMP)
 
 # The same install with the floor's torch family: constraints.txt less those lines, plus constraints-floor.txt.
@@ -65,8 +68,9 @@ $(FLOOR_STAMP): constraints.txt constraints-floor.txt pyproject.toml
 	grep -E '$(TORCH_FAMILY)' constraints-floor.txt >> $(FLOOR_VENV)/constraints.txt
 	@echo "Installing the floor's PyTorch and the other pins into $(FLOOR_VENV) ..."
 	$(FLOOR_VENV)/bin/python .ci/preinstall.py $(FLOOR_VENV)/constraints.txt
-	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt --editable ".[test,site]"
-	$(FLOOR_VENV)/bin/python -c '$(COMPILE)'
+	$(FLOOR_VENV)/bin/python -c '$(COMPILE)' & compiling=$$!; \
+	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt \
+		--editable ".[test,site]"; installed=$$?; wait $$compiling && exit $$installed
 	touch $(FLOOR_STAMP)
 
 lint: install
