@@ -424,7 +424,8 @@ def test_a_check_that_raises_and_keep_going_give_one_line_each(capsys):
                                       "99g       passed   Exercise 99g: correct", "99h       not run", "1 of 3 passed"]
 
 
-def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(tmp_path, request):
+def test_nbgrader_gives_full_marks_to_the_solutions_zero_to_the_release_and_to_one_wrong_answer_alone(
+        tmp_path, request):
     """Real nbgrader on the course directory `python -m helpers.exercises --nbgrader` writes (the cells the checks
     need, so that autograding takes seconds): generate_assignment of lessons 01 and 10, then autograde of the
     reference solutions, of the release version, and of lesson 01 with exercise 01a wrong. One process runs every
