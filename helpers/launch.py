@@ -329,11 +329,9 @@ def _check_spawnable(fn) -> None:
 
 def choose_start_method(placement: Placement, threads: int | None = 1) -> str:
     """How :func:`launch` starts workers: ``"fork"`` where that is the same as a fresh process and cheaper (the
-    workers inherit this process's imported torch instead of importing it again): on Linux, with no GPU present
-    and the CPU placed, no other Python thread running here (a Jupyter kernel has several), and the environment
-    a process reads as it starts unchanged since this one started (``MALLOC_ARENA_MAX`` set for the workers
-    reaches a spawned worker, not a forked one); workers of several threads each only from a process that runs
-    no other thread at all (:func:`_fork_safe`). Everywhere else ``"spawn"``: a fresh interpreter per worker."""
+    workers inherit this process's imported torch): on Linux, no GPU present, workers :func:`_fork_safe` allows,
+    and the environment a process reads as it starts unchanged since this one started (``MALLOC_ARENA_MAX`` set
+    for the workers reaches a spawned worker, not a forked one). Elsewhere ``"spawn"``: a fresh interpreter."""
     if _fork_safe(placement, threads) and placement.gpus == 0 and warm.usable() and not torch.cuda.is_initialized() \
             and warm.environment_read(os.environ, warm.PROCESS_START) == _STARTED_WITH:
         return "fork"
@@ -341,24 +339,12 @@ def choose_start_method(placement: Placement, threads: int | None = 1) -> str:
 
 
 def _fork_safe(placement: Placement, threads: int | None) -> bool:
-    """What even a forced fork needs: CPU workers, forked from a process with one Python thread; workers of
-    several threads each (``threads`` None or above 1) only from a process that runs one thread of any kind.
-    GNU OpenMP, on which PyTorch's CPU kernels run, keeps the threads of its pool after the first parallel
-    region; a forked child inherits the pool's record but not its threads, and its first parallel region waits
-    for them forever. A process that has never computed on several threads (a script the warm starter forked,
-    before its first multi-threaded operation) has no pool thread, and no other: its workers start their own."""
-    if placement.device_type != "cpu" or threading.active_count() != 1:
-        return False
-    return threads == 1 or _one_os_thread()
-
-
-def _one_os_thread() -> bool:
-    """True where the OS lists a single thread in this process (Linux's /proc/self/task): no OpenMP pool, no
-    BLAS thread, no thread of a C++ library (a fresh interpreter has OpenBLAS's, which numpy loads with torch)."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+    """What even a forced fork needs: CPU workers, from a process with one Python thread; workers of several
+    threads each only from one with one OS thread. GNU OpenMP's pool (PyTorch's CPU kernels) keeps its threads
+    after a first parallel operation; a forked child has the pool, not its threads, and waits for them forever."""
+    tasks = "/proc/self/task"  # Linux: one entry per OS thread of this process
+    return placement.device_type == "cpu" and threading.active_count() == 1 and (
+        threads == 1 or (os.path.isdir(tasks) and len(os.listdir(tasks)) == 1))
 
 
 def _prepare_process(threads: int | None) -> None:
