@@ -23,6 +23,11 @@ TESTS = COURSE_PROFILE=quick COURSE_RUNS=$(CURDIR)/build/$(2) COURSE_OFFLINE=1 \
 # byte-compile a venv's modules on every core (as pip would one by one), less what nothing imports
 COMPILE = import compileall, re, sys; compileall.compile_dir(sys.prefix + "/lib", quiet=2, workers=0, \
 	rx=re.compile(r"/(tests?|pip|setuptools)/"))
+# with the venv's Python $(1), after .ci/preinstall.py: pip install the course against the constraints $(2), the
+# bytecode compiled beside it (see the install's comments); fails if either does
+PIP_AND_COMPILE = $(1) -c '$(COMPILE)' & compiling=$$!; \
+	$(1) -m pip install -qq --no-compile --constraint $(2) --editable ".[test,site]"; installed=$$?; \
+	wait $$compiling && exit $$installed
 
 .PHONY: course test test-floor exercises nbgrader install install-floor lint clean
 
@@ -56,9 +61,7 @@ $(STAMP): constraints.txt pyproject.toml
 	@# a file pip writes meanwhile is compiled again as it is imported). As pip does, compileall skips files that
 	@# do not compile for this Python (torch ships one for Python 3.12 only). Left out: the packages' own
 	@# test suites and pip's and setuptools' sources, which nothing here imports.
-	$(PY) -c '$(COMPILE)' & compiling=$$!; \
-	$(PY) -m pip install -qq --no-compile --constraint constraints.txt --editable ".[test,site]"; installed=$$?; \
-	wait $$compiling && exit $$installed
+	$(call PIP_AND_COMPILE,$(PY),constraints.txt)
 	touch $(STAMP)
 
 # The same install with the floor's torch family: constraints.txt less those lines, plus constraints-floor.txt.
@@ -68,9 +71,7 @@ $(FLOOR_STAMP): constraints.txt constraints-floor.txt pyproject.toml
 	grep -E '$(TORCH_FAMILY)' constraints-floor.txt >> $(FLOOR_VENV)/constraints.txt
 	@echo "Installing the floor's PyTorch and the other pins into $(FLOOR_VENV) ..."
 	$(FLOOR_VENV)/bin/python .ci/preinstall.py $(FLOOR_VENV)/constraints.txt
-	$(FLOOR_VENV)/bin/python -c '$(COMPILE)' & compiling=$$!; \
-	$(FLOOR_VENV)/bin/python -m pip install -qq --no-compile --constraint $(FLOOR_VENV)/constraints.txt \
-		--editable ".[test,site]"; installed=$$?; wait $$compiling && exit $$installed
+	$(call PIP_AND_COMPILE,$(FLOOR_VENV)/bin/python,$(FLOOR_VENV)/constraints.txt)
 	touch $(FLOOR_STAMP)
 
 lint: install
