@@ -4,8 +4,9 @@
 
 Two costs come before a script's first collective, and each has a cold and a warm way:
 
-* the script's own process: a fresh ``python script.py`` imports torch first; :mod:`helpers.warm` forks the
-  script from a process that imported torch once (``run_script``'s way on Linux without a GPU);
+* the script's own process: a fresh ``python script.py`` imports torch first, and tears those modules down
+  as it exits; :mod:`helpers.warm` forks the script from a process that imported torch once (``run_script``'s
+  way on Linux without a GPU), and the copy leaves without that teardown;
 * its workers: ``spawn`` starts a fresh interpreter per worker, which imports torch again; ``fork`` copies the
   script's process, torch included (``launch``'s way where :func:`helpers.launch.choose_start_method` allows it).
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,37 @@ def test_exit_codes_and_tracebacks_come_back(tmp_path):
     with pytest.raises(ScriptError, match=r"(?s)exit code 1.*KeyError: 'the probe fails on purpose'"):
         probe(tmp_path, code=99)
     assert not running_children()
+
+
+ENDING = textwrap.dedent('''
+    import atexit, sys, threading, time
+
+    def late():
+        time.sleep(0.5)
+        print("thread done")
+
+    atexit.register(print, "exit handler ran")
+    threading.Thread(target=late).start()  # not a daemon: the interpreter waits for it before the exit handlers
+    print("main done")
+    sys.exit(int(sys.argv[1]))
+''')
+
+
+@pytest.mark.parametrize("code", [0, 5])
+def test_a_warm_script_ends_as_python_would_threads_joined_exit_handlers_run_exit_code_back(tmp_path, code):
+    """A copy leaves without the teardown of its modules (helpers.warm._leave), but after what the interpreter
+    does first: join the script's non-daemon threads, then run its exit handlers."""
+    (tmp_path / "ending.py").write_text(ENDING)
+    outputs = []
+    for env in ({}, {"COURSE_WARM": "0"}):
+        try:
+            run = run_script("ending.py", code, cwd=tmp_path, env=env, echo=False, timeout=60)
+            outputs.append((run.warm, 0, run.output))
+        except ScriptError as error:
+            outputs.append((None, int(re.search(r"exit code (-?\d+)", str(error))[1]), error.output))
+    (warm_run, warm_code, warm_out), (fresh_run, fresh_code, fresh_out) = outputs
+    assert warm_out == fresh_out == "main done\nthread done\nexit handler ran\n" and warm_code == fresh_code == code
+    assert code or (warm_run and not fresh_run), "the first run should have been forked by the warm starter"
 
 
 def test_another_import_time_environment_gets_a_starter_that_imported_under_it(tmp_path):
