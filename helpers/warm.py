@@ -360,7 +360,8 @@ def _leave(code: int) -> None:
     modules: with torch and dynamo imported, that teardown takes about a second of CPU (0.9 s on 2 cores, in
     every copy, as in every fresh ``python``), spent on objects the process is about to lose anyway. First what
     the interpreter does before it: wait for the script's non-daemon threads, run its exit handlers
-    (``atexit``: multiprocessing's, ``weakref.finalize``'s, logging's), flush its output."""
+    (``atexit``: multiprocessing's, ``weakref.finalize``'s, logging's), flush its output. What is not done:
+    finalizing the objects still alive (``__del__``), which Python does not promise at exit either."""
     import atexit
 
     threading._shutdown()  # the interpreter's own first step at exit: join the non-daemon threads
